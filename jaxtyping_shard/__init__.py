@@ -1,0 +1,98 @@
+"""Sharding-aware jaxtyping annotations for JAX.
+
+`Float[Array, "batch embed", P("data", None)]` checks shape and dtype as jaxtyping
+does, and the sharding too: on concrete arrays, inside `jit` and inside `shard_map`.
+"""
+
+import importlib.metadata
+import typing
+
+from ._config import get_mode as get_mode, set_mode as set_mode
+from ._errors import (
+    ShardingAnnotationError as ShardingAnnotationError,
+    ShardingTypeCheckError as ShardingTypeCheckError,
+    ShardingWarning as ShardingWarning,
+)
+from ._jit import jit as jit, sharding_errors as sharding_errors
+from ._spec import format_spec as format_spec
+
+
+if typing.TYPE_CHECKING:
+    from ._indirection import (
+        BFloat16 as BFloat16,
+        Bool as Bool,
+        Complex as Complex,
+        Complex64 as Complex64,
+        Complex128 as Complex128,
+        Float as Float,
+        Float8e4m3b11fnuz as Float8e4m3b11fnuz,
+        Float8e4m3fn as Float8e4m3fn,
+        Float8e4m3fnuz as Float8e4m3fnuz,
+        Float8e5m2 as Float8e5m2,
+        Float8e5m2fnuz as Float8e5m2fnuz,
+        Float16 as Float16,
+        Float32 as Float32,
+        Float64 as Float64,
+        Inexact as Inexact,
+        Int as Int,
+        Int2 as Int2,
+        Int4 as Int4,
+        Int8 as Int8,
+        Int16 as Int16,
+        Int32 as Int32,
+        Int64 as Int64,
+        Integer as Integer,
+        Key as Key,
+        Num as Num,
+        Real as Real,
+        Shaped as Shaped,
+        UInt as UInt,
+        UInt2 as UInt2,
+        UInt4 as UInt4,
+        UInt8 as UInt8,
+        UInt16 as UInt16,
+        UInt32 as UInt32,
+        UInt64 as UInt64,
+    )
+else:
+    from ._annotation import (
+        BFloat16 as BFloat16,
+        Bool as Bool,
+        Complex as Complex,
+        Complex64 as Complex64,
+        Complex128 as Complex128,
+        Float as Float,
+        Float8e4m3b11fnuz as Float8e4m3b11fnuz,
+        Float8e4m3fn as Float8e4m3fn,
+        Float8e4m3fnuz as Float8e4m3fnuz,
+        Float8e5m2 as Float8e5m2,
+        Float8e5m2fnuz as Float8e5m2fnuz,
+        Float16 as Float16,
+        Float32 as Float32,
+        Float64 as Float64,
+        Inexact as Inexact,
+        Int as Int,
+        Int2 as Int2,
+        Int4 as Int4,
+        Int8 as Int8,
+        Int16 as Int16,
+        Int32 as Int32,
+        Int64 as Int64,
+        Integer as Integer,
+        Key as Key,
+        Num as Num,
+        Real as Real,
+        Shaped as Shaped,
+        UInt as UInt,
+        UInt2 as UInt2,
+        UInt4 as UInt4,
+        UInt8 as UInt8,
+        UInt16 as UInt16,
+        UInt32 as UInt32,
+        UInt64 as UInt64,
+    )
+
+try:
+    __version__ = importlib.metadata.version("jaxtyping-shard")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+    __version__ = "0+unknown"

@@ -1,0 +1,223 @@
+"""`Float`, `Int`, ... : jaxtyping's dtype classes plus an optional sharding.
+
+`Float[Array, "b e"]` is exactly jaxtyping's annotation. `Float[Array, "b e",
+P("data", None)]` is a subclass of it whose `__instancecheck_str__` first runs
+jaxtyping's own shape/dtype check, then the sharding check of `_check`.
+"""
+
+import copyreg
+import typing
+from typing import Any, Union, get_args, get_origin
+
+import jax
+import jaxtyping
+
+from . import _manual, _notation, _spec
+from ._check import check
+from ._config import state
+from ._errors import ShardingAnnotationError
+
+
+# jaxtyping's metaclasses are not exported; take them from public objects.
+_JaxtypingArrayMeta = type(jaxtyping.Shaped[jax.Array, "..."])
+_JaxtypingDtypeMeta = type(jaxtyping.AbstractDtype)
+_Tracer = jax.core.Tracer
+_UNION_TYPES: tuple[Any, ...] = (Union, getattr(__import__("types"), "UnionType", Union))
+
+
+def _in_pytree_structure_check() -> bool:
+    # jaxtyping's `PyTree[...]` runs isinstance on leaves while only checking the
+    # tree structure; its array checks then pass without looking, so must ours.
+    # The flag lives in a private module: read it in this one place.
+    from jaxtyping._storage import get_treeflatten_memo
+
+    return bool(get_treeflatten_memo())
+
+
+class _MetaShardedArray(_JaxtypingArrayMeta):
+    """Metaclass of sharded annotations: jaxtyping's check, then the sharding."""
+
+    def __instancecheck_str__(cls, obj: Any) -> str:
+        message = _JaxtypingArrayMeta.__instancecheck_str__(cls, obj)
+        if message or state.mode == "off" or cls._skip_instancecheck:
+            return message
+        if _in_pytree_structure_check():
+            return ""
+        return check(cls, obj)
+
+    def _check_shape(cls, obj, single_memo, variadic_memo, arg_memo) -> str:
+        # Inside shard_map a value is a local shard; its dims are checked as the
+        # global array they are a piece of (see `_manual`).
+        if isinstance(obj, _Tracer) and state.mode != "off":
+            view = _manual.global_view(cls, obj)
+            if view is not None:
+                message = super()._check_shape(
+                    view, single_memo, variadic_memo, arg_memo
+                )
+                return _manual.explain_shape(cls, view, message)
+        return super()._check_shape(obj, single_memo, variadic_memo, arg_memo)
+
+
+def _rebuild(dtype: Any, array_type: Any, dim_str: str, spec: Any) -> Any:
+    if spec is None:
+        return dtype[array_type, dim_str]
+    return dtype[array_type, dim_str, spec]
+
+
+def _reduce_sharded(cls: Any) -> Any:
+    return _rebuild, (cls.dtype, cls.array_type, cls._jts_dim_str, cls._jts_spec_arg)
+
+
+copyreg.pickle(_MetaShardedArray, _reduce_sharded)
+
+
+def _wrap(base: Any, layout: _spec.Layout, dim_str: str, spec_arg: Any) -> Any:
+    """Makes the sharded subclass of one jaxtyping array annotation."""
+    if base.index_variadic is None:
+        if layout.min_rank > len(base.dims):
+            raise ShardingAnnotationError(
+                f"{base.__name__}: the sharding {layout.text} has "
+                f"{layout.min_rank} entries but the dim string {base.dim_str!r} has "
+                f"only {len(base.dims)} dims. Give one entry per leading dim, e.g. "
+                f"P({', '.join(['None'] * len(base.dims)) or ''})."
+            )
+    name = f"{base.__name__[:-1]}, {layout.text}]"
+    out = _MetaShardedArray(
+        name,
+        (base,),
+        dict(
+            _jts=layout,
+            _jts_rank_fixed=base.index_variadic is None,
+            _jts_verdicts={},
+            _jts_dim_str=dim_str,
+            _jts_spec_arg=spec_arg,
+        ),
+    )
+    out.__qualname__ = name
+    out.__module__ = "jaxtyping_shard"
+    return out
+
+
+class _MetaShardedDtype(_JaxtypingDtypeMeta):
+    """Metaclass of `Float`, `Int`, ...: accepts an optional third argument."""
+
+    def __getitem__(cls, item: Any) -> Any:
+        if not isinstance(item, tuple) or len(item) < 2:
+            # jaxtyping's own error: "type annotations must now include both..."
+            return super().__getitem__(item)
+        if len(item) > 3:
+            raise ShardingAnnotationError(
+                f"{cls.__name__}[...] takes an array type, a dim string and "
+                f"optionally a PartitionSpec, but got {len(item)} arguments. For "
+                f"example `{cls.__name__}[Array, \"batch embed\", P('data', None)]`."
+            )
+        array_type, dim_str = item[0], item[1]
+        spec_arg = item[2] if len(item) == 3 else None
+        where = f"{cls.__name__}[..., {dim_str!r}, ...]"
+        if len(item) == 3:
+            _spec.validate_spec(spec_arg, where)
+        plain_dim_str, inline = _notation.parse_dims(dim_str, where)
+        if inline is not None and spec_arg is not None:
+            raise ShardingAnnotationError(
+                f"{where} gives the sharding twice: inline (`@` in the dim string) "
+                f"and as {_spec.format_spec(spec_arg)}. Use one of them: "
+                f"{cls.__name__}[Array, {dim_str!r}] or {cls.__name__}[Array, "
+                f"{plain_dim_str!r}, {_spec.format_spec(spec_arg)}]."
+            )
+        _refuse_sharded_base(array_type, where)
+        base = super().__getitem__((array_type, plain_dim_str))
+        if spec_arg is not None:
+            entries = _spec.entries_of(spec_arg)
+            layout = _spec.Layout(entries, (), _spec.format_spec(spec_arg))
+        elif inline is not None:
+            layout = inline
+        else:
+            return base
+        return _apply(base, layout, dim_str, spec_arg, where)
+
+
+def _refuse_sharded_base(array_type: Any, where: str) -> None:
+    members = (
+        get_args(array_type) if get_origin(array_type) in _UNION_TYPES else (array_type,)
+    )
+    for member in members:
+        if hasattr(member, "_jts"):
+            raise ShardingAnnotationError(
+                f"{where}: extending the sharded annotation {member!r} would drop "
+                "its sharding. Write the whole annotation in one subscription, with "
+                "all its dims and its sharding."
+            )
+
+
+def _apply(base: Any, layout: Any, dim_str: str, spec_arg: Any, where: str) -> Any:
+    if isinstance(base, type) and issubclass(base, jaxtyping.AbstractArray):
+        return _wrap(base, layout, dim_str, spec_arg)
+    if get_origin(base) in _UNION_TYPES:
+        members = []
+        for member in get_args(base):
+            if isinstance(member, type) and issubclass(member, jaxtyping.AbstractArray):
+                member = _wrap(member, layout, dim_str, spec_arg)
+            members.append(member)
+        return Union[tuple(members)]
+    raise ShardingAnnotationError(
+        f"{where}: a sharding needs an array type, but this annotation is "
+        f"{base!r}, which has no sharding. Use `jax.Array` (or jaxtyping's `Array`) "
+        "as the first argument."
+    )
+
+
+def _make(jaxtyping_dtype: type) -> type:
+    out = _MetaShardedDtype(
+        jaxtyping_dtype.__name__,
+        (jaxtyping_dtype,),
+        {"__doc__": f"jaxtyping's `{jaxtyping_dtype.__name__}`, plus a sharding."},
+    )
+    out.__module__ = (
+        "jaxtyping_shard"
+        if getattr(typing, "GENERATING_DOCUMENTATION", "") in {"", "jaxtyping_shard"}
+        else "builtins"
+    )
+    return out
+
+
+BFloat16 = _make(jaxtyping.BFloat16)
+Bool = _make(jaxtyping.Bool)
+Complex = _make(jaxtyping.Complex)
+Complex64 = _make(jaxtyping.Complex64)
+Complex128 = _make(jaxtyping.Complex128)
+Float = _make(jaxtyping.Float)
+Float8e4m3b11fnuz = _make(jaxtyping.Float8e4m3b11fnuz)
+Float8e4m3fn = _make(jaxtyping.Float8e4m3fn)
+Float8e4m3fnuz = _make(jaxtyping.Float8e4m3fnuz)
+Float8e5m2 = _make(jaxtyping.Float8e5m2)
+Float8e5m2fnuz = _make(jaxtyping.Float8e5m2fnuz)
+Float16 = _make(jaxtyping.Float16)
+Float32 = _make(jaxtyping.Float32)
+Float64 = _make(jaxtyping.Float64)
+Inexact = _make(jaxtyping.Inexact)
+Int = _make(jaxtyping.Int)
+Int2 = _make(jaxtyping.Int2)
+Int4 = _make(jaxtyping.Int4)
+Int8 = _make(jaxtyping.Int8)
+Int16 = _make(jaxtyping.Int16)
+Int32 = _make(jaxtyping.Int32)
+Int64 = _make(jaxtyping.Int64)
+Integer = _make(jaxtyping.Integer)
+Key = _make(jaxtyping.Key)
+Num = _make(jaxtyping.Num)
+Real = _make(jaxtyping.Real)
+Shaped = _make(jaxtyping.Shaped)
+UInt = _make(jaxtyping.UInt)
+UInt2 = _make(jaxtyping.UInt2)
+UInt4 = _make(jaxtyping.UInt4)
+UInt8 = _make(jaxtyping.UInt8)
+UInt16 = _make(jaxtyping.UInt16)
+UInt32 = _make(jaxtyping.UInt32)
+UInt64 = _make(jaxtyping.UInt64)
+
+DTYPE_NAMES = (
+    "BFloat16 Bool Complex Complex64 Complex128 Float Float8e4m3b11fnuz Float8e4m3fn "
+    "Float8e4m3fnuz Float8e5m2 Float8e5m2fnuz Float16 Float32 Float64 Inexact Int Int2 "
+    "Int4 Int8 Int16 Int32 Int64 Integer Key Num Real Shaped UInt UInt2 UInt4 UInt8 "
+    "UInt16 UInt32 UInt64"
+).split()

@@ -1,0 +1,36 @@
+"""The error and warning types of jaxtyping_shard.
+
+Two families, as in jaxtyping: a bad annotation is an `AnnotationError` (not a
+`TypeError`, so that no type checker swallows it); a value that fails its check is
+a `TypeCheckError`.
+"""
+
+from jaxtyping import AnnotationError, TypeCheckError
+
+
+class ShardingAnnotationError(AnnotationError):
+    """A sharding annotation that cannot mean anything.
+
+    Raised when the annotation is written (a third argument that is not a
+    `PartitionSpec`, a mesh axis used twice, more spec entries than dims, ...), or
+    when it meets a mesh that lacks one of the axes it names.
+    """
+
+
+class ShardingTypeCheckError(TypeCheckError):
+    """A value whose sharding is not the one its annotation asks for.
+
+    Under `jaxtyped`, eager and trace-time mismatches arrive as jaxtyping's own
+    `TypeCheckError`; this subclass carries the mismatches found when XLA compiles a
+    function (meshes with `Auto` axes), raised by [`jaxtyping_shard.jit`][] and
+    [`jaxtyping_shard.sharding_errors`][].
+    """
+
+
+class ShardingWarning(UserWarning):
+    """A sharding mismatch reported in mode `"warn"`, instead of an error."""
+
+
+for _cls in (ShardingAnnotationError, ShardingTypeCheckError, ShardingWarning):
+    _cls.__module__ = "jaxtyping_shard"
+del _cls

@@ -1,0 +1,55 @@
+"""Which mesh applies to a value: its own, the tracer's, or the context's."""
+
+from typing import Any, Optional
+
+import jax
+from jax.sharding import AxisType
+
+
+def context_mesh() -> Optional[Any]:
+    """The mesh set by `jax.set_mesh` (or the older `with mesh:`), else `None`.
+
+    Returns an `AbstractMesh` or a `Mesh`; only axis names, sizes and types are used.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        return mesh
+    return _legacy_context_mesh()
+
+
+def _legacy_context_mesh() -> Optional[Any]:
+    # `with mesh:` (deprecated in JAX 0.7+, still common in user code) sets only
+    # the private thread-resources environment, which no public API reads back.
+    try:
+        from jax._src.mesh import thread_resources
+    except ImportError:  # pragma: no cover - a JAX without it
+        return None
+    mesh = thread_resources.env.physical_mesh
+    return None if mesh.empty else mesh
+
+
+def sizes(mesh: Any) -> dict[str, int]:
+    return dict(zip(mesh.axis_names, mesh.axis_sizes))
+
+
+def axis_types(mesh: Any) -> dict[str, Any]:
+    return dict(zip(mesh.axis_names, mesh.axis_types))
+
+
+def names_of_type(mesh: Any, kind: Any) -> frozenset[str]:
+    return frozenset(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == kind)
+
+
+def format_mesh(mesh: Any) -> str:
+    """`('data': 4, 'model': 2)`, with the axis types when they are not all Explicit."""
+    if mesh is None or mesh.empty:
+        return "(no mesh)"
+    body = ", ".join(f"{n!r}: {s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+    kinds = {t for t in mesh.axis_types}
+    if kinds == {AxisType.Explicit}:
+        return f"({body})"
+    if len(kinds) == 1:
+        return f"({body}; {next(iter(kinds)).name} axes)"
+    types = ", ".join(t.name for t in mesh.axis_types)
+    return f"({body}; axis types {types})"
+

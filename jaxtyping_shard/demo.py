@@ -1,0 +1,86 @@
+"""`python -m jaxtyping_shard.demo`: a correct call and caught mis-shardings.
+
+Runs on 8 forced CPU devices; no accelerator needed.
+"""
+
+import os
+
+
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jaxtyping  # noqa: E402
+from beartype import beartype  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+from jaxtyping import Array, jaxtyped  # noqa: E402
+
+import jaxtyping_shard as jts  # noqa: E402
+from jaxtyping_shard import Float  # noqa: E402
+
+
+@jaxtyped(typechecker=beartype)
+def layer(
+    x: Float[Array, "batch embed", P("data", None)],
+    w: Float[Array, "embed mlp", P(None, "model")],
+) -> Float[Array, "batch mlp", P("data", "model")]:
+    return x @ w
+
+
+def _reason(error: BaseException) -> str:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error)
+    return text[text.find("this "):] if "this " in text else text
+
+
+def main() -> int:
+    print(f"JAX {jax.__version__}, {len(jax.devices())} devices: {jax.devices()[0].platform}")
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("data", None)))
+    w = jax.device_put(jnp.ones((16, 32)), NamedSharding(mesh, P(None, "model")))
+
+    print("\n1. A correct call (Explicit mesh, eager and inside jit):")
+    print("   layer(x, w) ->", jax.typeof(layer(x, w)))
+    print("   jit(layer)(x, w) ->", jax.typeof(jax.jit(layer)(x, w)))
+
+    print("\n2. x sharded over 'model' instead of 'data', eager:")
+    x_bad = jax.device_put(x, NamedSharding(mesh, P("model", None)))
+    try:
+        layer(x_bad, w)
+    except jaxtyping.TypeCheckError as error:
+        print("   caught jaxtyping.TypeCheckError:", str(error).splitlines()[1])
+        print("   reason:", _reason(error)[:160], "...")
+    else:
+        print("   NOT CAUGHT")
+        return 1
+
+    print("\n3. The same inside jit: caught at trace time, before anything runs:")
+    try:
+        jax.jit(layer).trace(x_bad, w)
+    except jaxtyping.TypeCheckError as error:
+        print("   caught:", _reason(error)[:160], "...")
+    else:
+        print("   NOT CAUGHT")
+        return 1
+
+    print("\n4. Auto mesh axes: XLA picks the sharding; checked when it compiles:")
+    auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    xa = jax.device_put(jnp.ones((8, 16)), NamedSharding(auto, P("model", None)))
+    wa = jax.device_put(jnp.ones((16, 32)), NamedSharding(auto, P(None, "model")))
+    try:
+        jts.jit(layer)(xa, wa)
+    except jts.ShardingTypeCheckError as error:
+        print("   caught:", str(error)[:200], "...")
+    else:
+        print("   NOT CAUGHT")
+        return 1
+    print("\nAll sharding mistakes were caught.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
