@@ -1,0 +1,73 @@
+"""Test helpers: checked functions built for each supported checker form."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import typeguard
+from beartype import beartype
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxtyping import jaxtyped
+from typeguard import typechecked
+
+
+CHECKERS = ("beartype", "typeguard")
+# What a failed check raises: jaxtyping's error under `jaxtyped(typechecker=
+# beartype)`; typeguard's own under `jaxtyped(typechecker=None)` + `@typechecked`.
+CHECK_ERRORS = (jaxtyping.TypeCheckError, typeguard.TypeCheckError)
+
+
+def make_identity(checker, In, Out):
+    """`f(x: In) -> Out`, returning `x`, checked by `checker`."""
+    if checker == "beartype":
+
+        @jaxtyped(typechecker=beartype)
+        def f(x: In) -> Out:
+            return x
+
+    elif checker == "typeguard":
+        # The typeguard form that checks (see docs/getting-started.md): the
+        # annotations are names, and `jaxtyped` has no typechecker of its own.
+        @jaxtyped(typechecker=None)
+        @typechecked
+        def f(x: In) -> Out:
+            return x
+
+    else:
+        raise ValueError(checker)
+    return f
+
+
+def make_binary(checker, A, B, Out, body=lambda x, y: x):
+    """`f(x: A, y: B) -> Out`, returning `body(x, y)`."""
+    if checker == "beartype":
+
+        @jaxtyped(typechecker=beartype)
+        def f(x: A, y: B) -> Out:
+            return body(x, y)
+
+    else:
+
+        @jaxtyped(typechecker=None)
+        @typechecked
+        def f(x: A, y: B) -> Out:
+            return body(x, y)
+
+    return f
+
+
+def place(mesh, shape, spec, dtype=jnp.float32):
+    """An array of `shape` placed on `mesh` as `spec` (made outside any guard)."""
+    x = jnp.arange(int(jnp.prod(jnp.array(shape))), dtype=dtype).reshape(shape)
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+@contextlib.contextmanager
+def no_transfers():
+    """Checks must never copy, move or synchronise array data."""
+    with jax.transfer_guard("disallow"):
+        yield
+
+
+__all__ = ["P", "CHECKERS", "CHECK_ERRORS", "make_identity", "make_binary", "place"]

@@ -1,0 +1,145 @@
+"""The annotations themselves: every jaxtyping dtype, jaxtyping's behaviour kept."""
+
+import importlib
+import pickle
+import sys
+import warnings
+
+import jax
+import jaxtyping
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, PyTree
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+
+from .helpers import CHECK_ERRORS, place
+
+
+JAXTYPING_DTYPES = sorted(
+    name
+    for name in dir(jaxtyping)
+    if isinstance(getattr(jaxtyping, name), type)
+    and issubclass(getattr(jaxtyping, name), jaxtyping.AbstractDtype)
+    and name != "AbstractDtype"
+)
+
+
+def test_every_jaxtyping_dtype_is_provided():
+    from jaxtyping_shard._annotation import DTYPE_NAMES
+
+    assert sorted(DTYPE_NAMES) == JAXTYPING_DTYPES
+    for name in JAXTYPING_DTYPES:
+        ours = getattr(jts, name)
+        assert issubclass(ours, getattr(jaxtyping, name))
+        assert ours.dtypes == getattr(jaxtyping, name).dtypes
+
+
+@pytest.mark.parametrize("name", JAXTYPING_DTYPES)
+def test_two_arguments_is_exactly_jaxtyping(name):
+    ours = getattr(jts, name)[Array, "b e"]
+    theirs = getattr(jaxtyping, name)[Array, "b e"]
+    assert type(ours) is type(theirs)
+    assert ours.dims == theirs.dims and ours.dtypes == theirs.dtypes
+    assert not hasattr(ours, "_jts")
+
+
+@pytest.mark.parametrize("name", JAXTYPING_DTYPES)
+def test_three_arguments_subclass_jaxtyping(name):
+    A = getattr(jts, name)[Array, "b e", P("data")]
+    assert issubclass(A, jaxtyping.AbstractArray)
+    assert A.dtypes == getattr(jaxtyping, name).dtypes
+
+
+def test_dtype_classes_refuse_isinstance():
+    with pytest.raises(jaxtyping.AnnotationError):
+        isinstance(np.ones(3), Float)
+
+
+def test_pickle_round_trip():
+    # jax.Array itself cannot be pickled by reference (nor can jaxtyping's
+    # Float[jax.Array, ...]); np.ndarray can, and so then can ours.
+    A = Float[np.ndarray, "b e", P()]
+    B = pickle.loads(pickle.dumps(A))
+    assert B.__name__ == A.__name__
+    assert B._jts == A._jts
+    assert isinstance(np.ones((8, 4), np.float32), B)
+
+
+def test_pytree_of_sharded_leaves(mesh_explicit):
+    from beartype import beartype
+    from jaxtyping import jaxtyped
+
+    @jaxtyped(typechecker=beartype)
+    def f(tree: PyTree[Float[Array, "b e", P("data", None)]]) -> int:
+        return len(jax.tree_util.tree_leaves(tree))
+
+    good = place(mesh_explicit, (8, 4), P("data"))
+    bad = place(mesh_explicit, (8, 4), P("model"))
+    assert f({"a": good, "b": [good, good]}) == 3
+    with pytest.raises(CHECK_ERRORS):
+        f({"a": good, "b": [good, bad]})
+
+
+def _fresh_import(name, hook):
+    sys.modules.pop(name, None)
+    with hook:
+        return importlib.import_module(name)
+
+
+def test_jaxtyping_import_hook_with_beartype(mesh_explicit):
+    module = _fresh_import(
+        "tests.hooked.beartype_mod",
+        jaxtyping.install_import_hook("tests.hooked.beartype_mod", "beartype.beartype"),
+    )
+    assert module.scale(place(mesh_explicit, (8, 4), P("data"))).shape == (8, 4)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        module.scale(place(mesh_explicit, (8, 4), P("model")))
+
+
+def test_typeguard_import_hook(mesh_explicit):
+    import typeguard
+
+    module = _fresh_import(
+        "tests.hooked.typeguard_mod",
+        typeguard.install_import_hook("tests.hooked.typeguard_mod"),
+    )
+    x = place(mesh_explicit, (8, 4), P("data"))
+    assert module.add(x, x).shape == (8, 4)
+    with pytest.raises(typeguard.TypeCheckError, match='argument "y"'):
+        module.add(x, place(mesh_explicit, (8, 4), P("model")))
+    with pytest.raises(typeguard.TypeCheckError):  # dims bind across arguments
+        module.add(x, place(mesh_explicit, (4, 4), P("data")))
+
+
+def test_typeguard_forms_that_do_not_check():
+    # Documented in docs/getting-started.md: with typeguard 4, inline dim strings
+    # cannot be parsed, and `jaxtyped(typechecker=typechecked)` checks nothing.
+    from jaxtyping import jaxtyped
+    from typeguard import InstrumentationWarning, typechecked
+
+    with pytest.raises(SyntaxError):
+
+        @typechecked
+        def inline(x: Float[Array, "b e", P("data")]):
+            return x
+
+    A = Float[Array, "b e", P("data")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        @jaxtyped(typechecker=typechecked)
+        def silent(x: A):
+            return x
+
+    assert any(issubclass(w.category, InstrumentationWarning) for w in caught)
+    assert silent(np.ones((8, 4), np.float32)) is not None  # unchecked
+
+
+def test_static_checker_file_imports():
+    # The pyright target also runs: the three-argument form works at run time.
+    from .types import check_static
+
+    assert callable(check_static.layer)

@@ -1,0 +1,124 @@
+"""The pytest plugin: forced CPU devices, never overriding the user's count."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+
+def _run_pytest(tmp_path, test_body, *args, env_extra=None, ini=""):
+    (tmp_path / "test_probe.py").write_text(textwrap.dedent(test_body))
+    if ini:
+        (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    else:
+        (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+COUNT = """
+import jax
+def test_count():
+    assert len(jax.devices()) == {n}
+"""
+
+
+def test_project_runs_on_eight_devices():
+    assert len(jax.devices()) == 8
+
+
+def test_option_forces_devices(tmp_path):
+    out = _run_pytest(tmp_path, COUNT.format(n=4), "--jax-cpu-devices", "4")
+    assert out.returncode == 0, out.stdout + out.stderr
+    # XLA_FLAGS if JAX is not imported yet, else jax_num_cpu_devices (other
+    # plugins, jaxtyping's among them, may import JAX before ours runs).
+    assert re.search(r"jaxtyping_shard: (XLA_FLAGS .*|jax_num_cpu_devices)=4", out.stdout)
+
+
+def test_ini_forces_devices(tmp_path):
+    out = _run_pytest(tmp_path, COUNT.format(n=2), ini="jax_cpu_devices = 2")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_does_nothing_unless_asked(tmp_path):
+    out = _run_pytest(tmp_path, COUNT.format(n=1))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "jaxtyping_shard:" not in out.stdout
+
+
+def test_never_overrides_user_count(tmp_path):
+    out = _run_pytest(
+        tmp_path,
+        COUNT.format(n=3),
+        "--jax-cpu-devices",
+        "8",
+        env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=3"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "kept the user's device count" in out.stdout
+
+
+def test_keeps_other_xla_flags(tmp_path):
+    body = """
+    import os, jax
+    def test_flags():
+        assert "--xla_cpu_enable_fast_math=false" in os.environ["XLA_FLAGS"]
+        assert len(jax.devices()) == 2
+    """
+    out = _run_pytest(
+        tmp_path, body, "--jax-cpu-devices", "2",
+        env_extra={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_fixture_skips_with_too_few_devices(tmp_path):
+    body = """
+    def test_mesh(mesh_explicit):
+        pass
+    """
+    out = _run_pytest(tmp_path, body, "-rs", "--jax-cpu-devices", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 skipped" in out.stdout
+    assert "this mesh needs 8 devices and JAX has 2" in out.stdout
+
+
+def test_bad_ini_value(tmp_path):
+    out = _run_pytest(tmp_path, COUNT.format(n=1), ini="jax_cpu_devices = many")
+    assert out.returncode != 0
+    assert "jax_cpu_devices = 'many'" in out.stderr
+
+
+def test_fixtures(mesh_explicit, mesh_auto, mesh_2x2x2):
+    from jax.sharding import AxisType
+
+    assert dict(mesh_explicit.shape) == {"data": 4, "model": 2}
+    assert set(mesh_explicit.axis_types) == {AxisType.Explicit}
+    assert set(mesh_auto.axis_types) == {AxisType.Auto}
+    assert dict(mesh_2x2x2.shape) == {"x": 2, "y": 2, "z": 2}
+
+
+_SEEN_4X2 = set()
+
+
+def test_mesh_4x2_parametrised(mesh_4x2):
+    _SEEN_4X2.update(mesh_4x2.axis_types)
+    assert dict(mesh_4x2.shape) == {"data": 4, "model": 2}
+
+
+def test_mesh_4x2_covered_both_kinds():
+    from jax.sharding import AxisType
+
+    assert _SEEN_4X2 == {AxisType.Explicit, AxisType.Auto}

@@ -1,0 +1,19 @@
+"""Checked by pyright (`pyright tests/types`): the three-argument form is valid."""
+
+import jax
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array
+
+from jaxtyping_shard import Float, Int, Shaped
+
+
+def layer(
+    x: Float[Array, "batch embed", P("data", None)],
+    w: Float[Array, "embed mlp", P(None, "model")],
+    i: Int[Array, " batch"],
+) -> Shaped[Array, "batch mlp", P("data", "model")]:
+    return x @ w
+
+
+def uses(x: jax.Array, w: jax.Array, i: jax.Array) -> jax.Array:
+    return layer(x, w, i)
