@@ -65,23 +65,17 @@ def _rebuild(dtype: Any, array_type: Any, dim_str: str, spec: Any) -> Any:
 
 
 def _reduce_sharded(cls: Any) -> Any:
+    # `_jts_dim_str` is the dim string as written (inline `@` included).
     return _rebuild, (cls.dtype, cls.array_type, cls._jts_dim_str, cls._jts_spec_arg)
 
 
 copyreg.pickle(_MetaShardedArray, _reduce_sharded)
 
 
-def _wrap(base: Any, layout: _spec.Layout, dim_str: str, spec_arg: Any) -> Any:
+def _wrap(
+    base: Any, layout: _spec.Layout, name: str, dim_str: str, spec_arg: Any
+) -> Any:
     """Makes the sharded subclass of one jaxtyping array annotation."""
-    if base.index_variadic is None:
-        if layout.min_rank > len(base.dims):
-            raise ShardingAnnotationError(
-                f"{base.__name__}: the sharding {layout.text} has "
-                f"{layout.min_rank} entries but the dim string {base.dim_str!r} has "
-                f"only {len(base.dims)} dims. Give one entry per leading dim, e.g. "
-                f"P({', '.join(['None'] * len(base.dims)) or ''})."
-            )
-    name = f"{base.__name__[:-1]}, {layout.text}]"
     out = _MetaShardedArray(
         name,
         (base,),
@@ -96,6 +90,16 @@ def _wrap(base: Any, layout: _spec.Layout, dim_str: str, spec_arg: Any) -> Any:
     out.__qualname__ = name
     out.__module__ = "jaxtyping_shard"
     return out
+
+
+def _name(base: Any, plain: str, dim_str: str, spec_arg: Any) -> str:
+    # jaxtyping names its class `Float[Array, 'b e']`; ours shows the sharding.
+    if not base.__name__.endswith(f"'{plain}']"):  # an extended jaxtyping array
+        return f"{base.__name__[:-1]}, {_spec.format_spec(spec_arg)}]"
+    stem = base.__name__[: -len(f"'{plain}']")]
+    if spec_arg is None:
+        return f"{stem}'{dim_str}']"
+    return f"{stem}'{plain}', {_spec.format_spec(spec_arg)}]"
 
 
 class _MetaShardedDtype(_JaxtypingDtypeMeta):
@@ -128,12 +132,16 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
         base = super().__getitem__((array_type, plain_dim_str))
         if spec_arg is not None:
             entries = _spec.entries_of(spec_arg)
-            layout = _spec.Layout(entries, (), _spec.format_spec(spec_arg))
+            text = _spec.format_spec(spec_arg)
+            as_inline = _notation.inline_for_spec(plain_dim_str.strip(), entries)
+            if as_inline is not None and entries:
+                text = f"{text} (`{as_inline}`)"
+            layout = _spec.Layout(entries, (), text)
         elif inline is not None:
             layout = inline
         else:
             return base
-        return _apply(base, layout, dim_str, spec_arg, where)
+        return _apply(base, layout, plain_dim_str.strip(), dim_str.strip(), spec_arg, where)
 
 
 def _refuse_sharded_base(array_type: Any, where: str) -> None:
@@ -149,14 +157,33 @@ def _refuse_sharded_base(array_type: Any, where: str) -> None:
             )
 
 
-def _apply(base: Any, layout: Any, dim_str: str, spec_arg: Any, where: str) -> Any:
+def _refuse_long_spec(base: Any, spec: Any) -> None:
+    if spec is None or base.index_variadic is not None:
+        return  # inline shardings fit by construction; variadic ranks vary
+    if len(spec) > len(base.dims):
+        raise ShardingAnnotationError(
+            f"{base.__name__}: the sharding {_spec.format_spec(spec)} has "
+            f"{len(spec)} entries but the dim string {base.dim_str!r} has only "
+            f"{len(base.dims)} dims. Give at most one entry per dim, e.g. "
+            f"P({', '.join(['None'] * len(base.dims))})."
+        )
+
+
+def _apply(
+    base: Any, layout: Any, plain: str, dim_str: str, spec_arg: Any, where: str
+) -> Any:
+    def wrap(member: Any) -> Any:
+        _refuse_long_spec(member, spec_arg)
+        name = _name(member, plain, dim_str, spec_arg)
+        return _wrap(member, layout, name, dim_str, spec_arg)
+
     if isinstance(base, type) and issubclass(base, jaxtyping.AbstractArray):
-        return _wrap(base, layout, dim_str, spec_arg)
+        return wrap(base)
     if get_origin(base) in _UNION_TYPES:
         members = []
         for member in get_args(base):
             if isinstance(member, type) and issubclass(member, jaxtyping.AbstractArray):
-                member = _wrap(member, layout, dim_str, spec_arg)
+                member = wrap(member)
             members.append(member)
         return Union[tuple(members)]
     raise ShardingAnnotationError(

@@ -176,6 +176,11 @@ class Layout:
     __slots__ = ("prefix", "suffix", "text", "axes", "min_rank", "_specs")
 
     def __init__(self, prefix: Entries, suffix: Entries, text: str):
+        # Unsharded dims at the open ends say nothing: P("x") == P("x", None).
+        while prefix and not prefix[-1]:
+            prefix = prefix[:-1]
+        while suffix and not suffix[0]:
+            suffix = suffix[1:]
         self.prefix = prefix
         self.suffix = suffix
         self.text = text

@@ -26,8 +26,8 @@ def test_eager_reason(mesh_explicit):
     x = place(mesh_explicit, (8, 4), P("model"))
     reason = A.__instancecheck_str__(x)
     assert reason.startswith(
-        "this array is sharded as `float32[8@model,4]`, not P('data', None) as "
-        "expected by the type hint (mesh ('data': 4, 'model': 2))."
+        "this array is sharded as `float32[8@model,4]`, not P('data', None) "
+        "(`b@data e`) as expected by the type hint (mesh ('data': 4, 'model': 2))."
     )
     assert "jax.device_put" in reason
     assert A.__instancecheck_str__(place(mesh_explicit, (8, 4), P("data"))) == ""
@@ -53,7 +53,10 @@ def test_beartype_error_names_argument_and_reason(mesh_explicit):
     message = str(info.value)
     assert "The problem arose whilst typechecking parameter 'x'" in message
     assert "P('data', None)" in message  # the expected type names the spec
-    assert "this array is sharded as `float32[8@model,4]`, not P('data', None)" in _chain(info.value)
+    assert (
+        "this array is sharded as `float32[8@model,4]`, not P('data', None) "
+        "(`batch@data embed`)" in _chain(info.value)
+    )
 
 
 def test_trace_time_reason(mesh_explicit):
@@ -66,7 +69,8 @@ def test_trace_time_reason(mesh_explicit):
 
     jax.jit(f)(place(mesh_explicit, (8, 4), P(None, "model")))
     assert reasons[0].startswith(
-        "this traced array is sharded as `float32[8,4@model]`, not P('data', None)"
+        "this traced array is sharded as `float32[8,4@model]`, not P('data', None) "
+        "(`b@data e`)"
     )
     assert "checked at trace time" in reasons[0]
 
@@ -78,7 +82,7 @@ def test_compile_time_message_first_line(mesh_auto):
         jts.jit(f)(place(mesh_auto, (8, 4), P("model")))
     first = str(info.value).splitlines()[0]
     assert first.startswith("argument `x` of `make_identity.<locals>.f` (traced at ")
-    assert "XLA sharded it as `float32[8@model,4]`, not P('data', None)" in first
+    assert "XLA sharded it as `float32[8@model,4]`, not P('data', None) (`b@data e`)" in first
     assert "checked when the function was compiled" in first
 
 
@@ -100,7 +104,7 @@ def test_unknown_axis_message(mesh_explicit):
     with pytest.raises(jts.ShardingAnnotationError) as info:
         isinstance(place(mesh_explicit, (8, 4), P("data")), A)
     assert str(info.value).startswith(
-        "The type hint P('dtaa') names mesh axis 'dtaa', but the mesh "
+        "The type hint P('dtaa') (`b@dtaa e`) names mesh axis 'dtaa', but the mesh "
         "('data': 4, 'model': 2) has axes 'data', 'model'."
     )
 
