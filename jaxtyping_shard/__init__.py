@@ -14,6 +14,7 @@ from ._errors import (
     ShardingWarning as ShardingWarning,
 )
 from ._jit import jit as jit, sharding_errors as sharding_errors
+from ._shard_map import typed_shard_map as typed_shard_map
 from ._spec import format_spec as format_spec
 
 
