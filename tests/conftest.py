@@ -15,3 +15,17 @@ def _default_mode():
     # Each test starts in mode "check", whatever a failed test left behind.
     with jts.set_mode("check"):
         yield
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        default=False,
+        help="run the differential tests with many more examples",
+    )
+
+
+@pytest.fixture(scope="session")
+def slow(request):
+    return request.config.getoption("--slow")
