@@ -15,8 +15,8 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     ).strip()
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import jaxtyping  # noqa: E402
+import numpy as np  # noqa: E402
 from beartype import beartype  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxtyping import Array, jaxtyped  # noqa: E402
@@ -57,8 +57,12 @@ def main() -> int:
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     key1, key2, key3 = jax.random.split(jax.random.key(0), 3)
     x = jax.device_put(jax.random.normal(key1, (16, 8)), NamedSharding(mesh, P("data")))
-    w1 = jax.device_put(jax.random.normal(key2, (8, 32)), NamedSharding(mesh, P(None, "model")))
-    w2 = jax.device_put(jax.random.normal(key3, (32, 8)), NamedSharding(mesh, P("model")))
+    w1 = jax.device_put(
+        jax.random.normal(key2, (8, 32)), NamedSharding(mesh, P(None, "model"))
+    )
+    w2 = jax.device_put(
+        jax.random.normal(key3, (32, 8)), NamedSharding(mesh, P("model"))
+    )
 
     y = jax.jit(make_mlp(mesh))(x, w1, w2)
     xs, w1s, w2s = (np.asarray(a) for a in (x, w1, w2))
@@ -73,7 +77,11 @@ def main() -> int:
         while cause.__cause__ is not None:
             cause = cause.__cause__
         reason = str(cause)
-        print("forgetting the psum is caught:", reason[reason.find("this local"):][:150], "...")
+        print(
+            "forgetting the psum is caught:",
+            reason[reason.find("this local") :][:150],
+            "...",
+        )
     else:
         print("forgetting the psum was NOT caught")
         return 1

@@ -7,10 +7,11 @@ jaxtyping's own shape/dtype check, then the sharding check of `_check`.
 
 import copyreg
 import typing
-from typing import Any, Union, get_args, get_origin
+from typing import Any, get_args, get_origin, Union
 
 import jax
 import jaxtyping
+from jax.core import Tracer
 
 from . import _manual, _notation, _spec
 from ._check import check
@@ -19,10 +20,13 @@ from ._errors import ShardingAnnotationError
 
 
 # jaxtyping's metaclasses are not exported; take them from public objects.
-_JaxtypingArrayMeta = type(jaxtyping.Shaped[jax.Array, "..."])
-_JaxtypingDtypeMeta = type(jaxtyping.AbstractDtype)
-_Tracer = jax.core.Tracer
-_UNION_TYPES: tuple[Any, ...] = (Union, getattr(__import__("types"), "UnionType", Union))
+_JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
+_JaxtypingDtypeMeta: Any = type(jaxtyping.AbstractDtype)
+_Tracer = Tracer
+_UNION_TYPES: tuple[Any, ...] = (
+    Union,
+    getattr(__import__("types"), "UnionType", Union),
+)
 
 
 def _in_pytree_structure_check() -> bool:
@@ -141,12 +145,16 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
             layout = inline
         else:
             return base
-        return _apply(base, layout, plain_dim_str.strip(), dim_str.strip(), spec_arg, where)
+        return _apply(
+            base, layout, plain_dim_str.strip(), dim_str.strip(), spec_arg, where
+        )
 
 
 def _refuse_sharded_base(array_type: Any, where: str) -> None:
     members = (
-        get_args(array_type) if get_origin(array_type) in _UNION_TYPES else (array_type,)
+        get_args(array_type)
+        if get_origin(array_type) in _UNION_TYPES
+        else (array_type,)
     )
     for member in members:
         if hasattr(member, "_jts"):
@@ -193,7 +201,7 @@ def _apply(
     )
 
 
-def _make(jaxtyping_dtype: type) -> type:
+def _make(jaxtyping_dtype: Any) -> Any:
     out = _MetaShardedDtype(
         jaxtyping_dtype.__name__,
         (jaxtyping_dtype,),

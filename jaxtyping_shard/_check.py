@@ -17,6 +17,7 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 import jax
+from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding
 
 from . import _mesh, _spec
@@ -29,7 +30,7 @@ from ._errors import (
 from ._site import find_site
 
 
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _CACHE_LIMIT = 4096
 _FIX = (
     "If the array is right and the annotation wrong, change the annotation; "
@@ -314,4 +315,3 @@ class _CompileTimeCheck:
 def pop_failure(failure_id: int) -> Optional[ShardingTypeCheckError]:
     with _failures_lock:
         return _failures.pop(failure_id, None)
-

@@ -52,4 +52,3 @@ def format_mesh(mesh: Any) -> str:
         return f"({body}; {next(iter(kinds)).name} axes)"
     types = ", ".join(t.name for t in mesh.axis_types)
     return f"({body}; axis types {types})"
-

@@ -40,16 +40,13 @@ def _is_variadic(dim: str) -> bool:
 
 def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
     def bad(problem: str) -> ShardingAnnotationError:
-        return ShardingAnnotationError(
-            f"{where}: `{token}` {problem}. {_FORMS}"
-        )
+        return ShardingAnnotationError(f"{where}: `{token}` {problem}. {_FORMS}")
 
     if axes == "":
         raise bad("has nothing after `@`; name the mesh axis, e.g. `batch@data`")
     if "@" in axes:
         raise bad(
-            "has `@` twice; to split one dim over several mesh axes write "
-            "`name@(a,b)`"
+            "has `@` twice; to split one dim over several mesh axes write `name@(a,b)`"
         )
     if axes.startswith("("):
         if not axes.endswith(")"):
@@ -69,9 +66,7 @@ def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
         names = (axes,)
     for name in names:
         if not _AXIS.match(name):
-            raise bad(
-                f"names mesh axis {name!r}, which is not a Python identifier"
-            )
+            raise bad(f"names mesh axis {name!r}, which is not a Python identifier")
     if len(set(names)) != len(names):
         raise bad("names the same mesh axis twice")
     return names

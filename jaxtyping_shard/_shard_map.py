@@ -22,8 +22,8 @@ def _layout_of(annotation: Any, what: str, fn_name: str) -> Any:
         raise ShardingAnnotationError(
             f"typed_shard_map({fn_name}): {what} {problem}. Every parameter and the "
             "return value need a sharded annotation, e.g. "
-            "`Float[Array, \"batch embed\", P(\"data\", None)]` or "
-            "`Float[Array, \"batch@data embed\"]`, from which in_specs / out_specs "
+            '`Float[Array, "batch embed", P("data", None)]` or '
+            '`Float[Array, "batch@data embed"]`, from which in_specs / out_specs '
             "are read."
         )
     return layout

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 
 _SKIP_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep
+    os.path.dirname(str(m.__file__)) + os.sep
     for m in (
         sys.modules[__name__.rpartition(".")[0]],
         sys.modules.get("jaxtyping"),

@@ -89,10 +89,7 @@ def _not_a_spec_message(spec: Any, where: str) -> str:
         inner = ", ".join(repr(x) for x in spec)
         fix = f" Wrap the entries: `P({inner})`."
     elif isinstance(spec, str):
-        fix = (
-            f" Wrap the axis name: `P({spec!r})` shards the first dim over "
-            f"{spec!r}."
-        )
+        fix = f" Wrap the axis name: `P({spec!r})` shards the first dim over {spec!r}."
     return (
         f"{where}: the third argument must be a jax.sharding.PartitionSpec, {got}."
         f"{fix} {_SPEC_FORMS}"
@@ -119,9 +116,7 @@ def normalise(
         entry = entries[i] if i < len(entries) else ()
         out.append(
             tuple(
-                a
-                for a in entry
-                if sizes.get(a, 1) != 1 and (keep is None or a in keep)
+                a for a in entry if sizes.get(a, 1) != 1 and (keep is None or a in keep)
             )
         )
     return tuple(out)

@@ -34,11 +34,12 @@ def _reason(error: BaseException) -> str:
     while error.__cause__ is not None:
         error = error.__cause__
     text = str(error)
-    return text[text.find("this "):] if "this " in text else text
+    return text[text.find("this ") :] if "this " in text else text
 
 
 def main() -> int:
-    print(f"JAX {jax.__version__}, {len(jax.devices())} devices: {jax.devices()[0].platform}")
+    devices = jax.devices()
+    print(f"JAX {jax.__version__}, {len(devices)} devices: {devices[0].platform}")
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("data", None)))
     w = jax.device_put(jnp.ones((16, 32)), NamedSharding(mesh, P(None, "model")))

@@ -137,7 +137,6 @@ def make_mesh(shape, names, kind: str = "explicit"):
     """A mesh over the first devices, with all axes Explicit or all Auto."""
     import math
 
-    import jax
     import numpy as np
     from jax.sharding import AxisType, Mesh
 

@@ -12,18 +12,33 @@ from jaxtyping_shard import Float, Int
 
 BAD = [
     # (thunk, fragment the message must contain)
-    (lambda: Float[Array, "b e", ("data", None)], r"Wrap the entries: `P\('data', None\)`"),
+    (
+        lambda: Float[Array, "b e", ("data", None)],
+        r"Wrap the entries: `P\('data', None\)`",
+    ),
     (lambda: Float[Array, "b e", "data"], r"Wrap the axis name: `P\('data'\)`"),
-    (lambda: Float[Array, "b e", None], "must be a jax.sharding.PartitionSpec, got NoneType"),
+    (
+        lambda: Float[Array, "b e", None],
+        "must be a jax.sharding.PartitionSpec, got NoneType",
+    ),
     (lambda: Float[Array, "b e", 3], "must be a jax.sharding.PartitionSpec, got int"),
     (lambda: Float[Array, "b e", ["data"]], "Wrap the entries"),
     (lambda: Float[Array, "b e", P("data", "data")], "mesh axis 'data' is used twice"),
     (lambda: Float[Array, "b e", P("data", ("model", "data"))], "'data' is used twice"),
     (lambda: Float[Array, "b e", P(("x", "x"))], "'x' is used twice"),
-    (lambda: Float[Array, "b e", P("data", None, None)], "has 3 entries but the dim string 'b e' has only 2"),
-    (lambda: Float[Array, "", P("data")], "has 1 entries but the dim string '' has only 0"),
+    (
+        lambda: Float[Array, "b e", P("data", None, None)],
+        "has 3 entries but the dim string 'b e' has only 2",
+    ),
+    (
+        lambda: Float[Array, "", P("data")],
+        "has 1 entries but the dim string '' has only 0",
+    ),
     (lambda: Float[Array, "b e", P(1)], "is not a mesh axis name"),
-    (lambda: Float[Array, "b e", P(("a", 2))], "holds 2, which is not a mesh axis name"),
+    (
+        lambda: Float[Array, "b e", P(("a", 2))],
+        "holds 2, which is not a mesh axis name",
+    ),
     (lambda: Float[Array, "b e", P(P.UNCONSTRAINED)], "UNCONSTRAINED"),
     (lambda: Float[Array, "b e", P("data", unreduced={"model"})], "unreduced"),
     (lambda: Float[float, "", P()], "a sharding needs an array type"),

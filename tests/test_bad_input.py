@@ -50,20 +50,60 @@ ASE = jts.ShardingAnnotationError
 TCE = (jaxtyping.TypeCheckError,)
 ROWS = [
     # -- the third argument
-    ("tuple spec", lambda: Float[Array, "b e", ("data", None)], ASE, "Wrap the entries"),
+    (
+        "tuple spec",
+        lambda: Float[Array, "b e", ("data", None)],
+        ASE,
+        "Wrap the entries",
+    ),
     ("str spec", lambda: Float[Array, "b e", "data"], ASE, "Wrap the axis name"),
     ("None spec", lambda: Float[Array, "b e", None], ASE, "got NoneType"),
     ("int spec", lambda: Float[Array, "b e", 0], ASE, "got int"),
-    ("NamedSharding spec", lambda: Float[Array, "b e", NamedSharding(mesh(), P("data"))], ASE, "mesh is never written"),
-    ("mesh as spec", lambda: Float[Array, "b e", mesh()], ASE, "must be a jax.sharding.PartitionSpec"),
+    (
+        "NamedSharding spec",
+        lambda: Float[Array, "b e", NamedSharding(mesh(), P("data"))],
+        ASE,
+        "mesh is never written",
+    ),
+    (
+        "mesh as spec",
+        lambda: Float[Array, "b e", mesh()],
+        ASE,
+        "must be a jax.sharding.PartitionSpec",
+    ),
     ("axis reused", lambda: Float[Array, "b e", P("data", "data")], ASE, "used twice"),
-    ("axis reused in tuple", lambda: Float[Array, "b e", P(("data", "data"))], ASE, "used twice"),
-    ("spec longer than dims", lambda: Float[Array, "b e", P(None, None, "data")], ASE, "has 3 entries"),
+    (
+        "axis reused in tuple",
+        lambda: Float[Array, "b e", P(("data", "data"))],
+        ASE,
+        "used twice",
+    ),
+    (
+        "spec longer than dims",
+        lambda: Float[Array, "b e", P(None, None, "data")],
+        ASE,
+        "has 3 entries",
+    ),
     ("non-str axis", lambda: Float[Array, "b e", P(2)], ASE, "not a mesh axis name"),
-    ("UNCONSTRAINED", lambda: Float[Array, "b e", P(P.UNCONSTRAINED)], ASE, "UNCONSTRAINED"),
-    ("unreduced", lambda: Float[Array, "b e", P("data", unreduced={"model"})], ASE, "unreduced"),
+    (
+        "UNCONSTRAINED",
+        lambda: Float[Array, "b e", P(P.UNCONSTRAINED)],
+        ASE,
+        "UNCONSTRAINED",
+    ),
+    (
+        "unreduced",
+        lambda: Float[Array, "b e", P("data", unreduced={"model"})],
+        ASE,
+        "unreduced",
+    ),
     ("scalar type", lambda: Float[float, "", P()], ASE, "needs an array type"),
-    ("extending sharded", lambda: Float[Float[Array, "e", P("data")], "b"], ASE, "would drop its sharding"),
+    (
+        "extending sharded",
+        lambda: Float[Float[Array, "e", P("data")], "b"],
+        ASE,
+        "would drop its sharding",
+    ),
     ("four arguments", lambda: Float[Array, "b", P(), P()], ASE, "got 4 arguments"),
     ("both forms", lambda: Float[Array, "b@data e", P("data")], ASE, "sharding twice"),
     # -- inline notation
@@ -72,21 +112,79 @@ ROWS = [
     ("inline unclosed", lambda: Float[Array, "b@(data e"], ASE, "without closing"),
     ("inline double @", lambda: Float[Array, "b@data@model"], ASE, "`@` twice"),
     ("inline empty tuple", lambda: Float[Array, "b@()"], ASE, "no mesh axis inside"),
-    ("inline trailing comma", lambda: Float[Array, "b@(data,)"], ASE, "ends its axis tuple with a comma"),
+    (
+        "inline trailing comma",
+        lambda: Float[Array, "b@(data,)"],
+        ASE,
+        "ends its axis tuple with a comma",
+    ),
     ("inline axis twice", lambda: Float[Array, "b@data e@data"], ASE, "shards both"),
-    ("inline bad chars", lambda: Float[Array, "b@da+ta"], ASE, "not a Python identifier"),
+    (
+        "inline bad chars",
+        lambda: Float[Array, "b@da+ta"],
+        ASE,
+        "not a Python identifier",
+    ),
     ("inline variadic", lambda: Float[Array, "*b@data"], ASE, "shards a variadic dim"),
     # -- at check time
-    ("unknown axis, eager", lambda: isinstance(arr(), Float[Array, "b e", P("fsdp")]), ASE, "names mesh axis 'fsdp'"),
-    ("unknown axis, jit", lambda: _isinstance_in_jit(Float[Array, "b e", P("fsdp")], arr()), ASE, "has axes 'data', 'model'"),
-    ("unknown axis, auto", lambda: jax.jit(make_identity("beartype", Float[Array, "b e", P("x")], Float[Array, "b e"])).trace(arr(kind="auto")), ASE, "names mesh axis 'x'"),
-    ("spec longer than rank", lambda: make_identity("beartype", Float[Array, "*b", P("data", "model")], Float[Array, "..."])(arr(shape=(8,))), TCE, "Type-check error"),
-    ("no mesh resolvable", lambda: make_identity("beartype", Float[Array, "b", P("data")], Float[Array, "..."])(jnp.zeros(8)), TCE, "Type-check error"),
-    ("numpy with sharded spec", lambda: make_identity("beartype", Float[np.ndarray, "b", P("data")], Float[np.ndarray, "..."])(np.zeros(8, np.float32)), TCE, "Type-check error"),
+    (
+        "unknown axis, eager",
+        lambda: isinstance(arr(), Float[Array, "b e", P("fsdp")]),
+        ASE,
+        "names mesh axis 'fsdp'",
+    ),
+    (
+        "unknown axis, jit",
+        lambda: _isinstance_in_jit(Float[Array, "b e", P("fsdp")], arr()),
+        ASE,
+        "has axes 'data', 'model'",
+    ),
+    (
+        "unknown axis, auto",
+        lambda: jax.jit(
+            make_identity("beartype", Float[Array, "b e", P("x")], Float[Array, "b e"])
+        ).trace(arr(kind="auto")),
+        ASE,
+        "names mesh axis 'x'",
+    ),
+    (
+        "spec longer than rank",
+        lambda: make_identity(
+            "beartype", Float[Array, "*b", P("data", "model")], Float[Array, "..."]
+        )(arr(shape=(8,))),
+        TCE,
+        "Type-check error",
+    ),
+    (
+        "no mesh resolvable",
+        lambda: make_identity(
+            "beartype", Float[Array, "b", P("data")], Float[Array, "..."]
+        )(jnp.zeros(8)),
+        TCE,
+        "Type-check error",
+    ),
+    (
+        "numpy with sharded spec",
+        lambda: make_identity(
+            "beartype", Float[np.ndarray, "b", P("data")], Float[np.ndarray, "..."]
+        )(np.zeros(8, np.float32)),
+        TCE,
+        "Type-check error",
+    ),
     ("wrong mode", lambda: jts.set_mode("strict"), ValueError, "is not a mode"),
     # -- typed_shard_map
-    ("typed_shard_map no annotation", lambda: typed_shard_map(lambda x: x), ASE, "has no annotation"),
-    ("typed_shard_map no return", _typed_no_return, ASE, "the return value has no annotation"),
+    (
+        "typed_shard_map no annotation",
+        lambda: typed_shard_map(lambda x: x),
+        ASE,
+        "has no annotation",
+    ),
+    (
+        "typed_shard_map no return",
+        _typed_no_return,
+        ASE,
+        "the return value has no annotation",
+    ),
 ]
 
 

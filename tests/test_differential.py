@@ -9,8 +9,7 @@ mode; `pytest --slow` runs 3000.
 
 import jax
 import jax.numpy as jnp
-import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import example, given, HealthCheck, settings, strategies as st
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
@@ -50,7 +49,10 @@ def specs(draw, names, ndim):
         where = draw(st.integers(-1, ndim - 1))
         if where >= 0:
             per_dim[where].append(name)
-    entries = [None if not e else e[0] if len(e) == 1 and draw(st.booleans()) else tuple(e) for e in per_dim]
+    entries = [
+        None if not e else e[0] if len(e) == 1 and draw(st.booleans()) else tuple(e)
+        for e in per_dim
+    ]
     trim = draw(st.integers(0, ndim))  # trailing Nones may be left out
     while trim and entries and entries[-1] is None:
         entries.pop()
@@ -75,7 +77,9 @@ def _mesh(shape, names, kind):
     n = 1
     for s in shape:
         n *= s
-    return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape), devices=jax.devices()[:n])
+    return jax.make_mesh(
+        shape, names, axis_types=(kind,) * len(shape), devices=jax.devices()[:n]
+    )
 
 
 def _setup(case, kind):
@@ -98,7 +102,13 @@ def _settings(slow):
 
 # Regression examples: cases that are easy to get wrong.
 _SIZE1 = ((8, 1), ("data", "model"), (8, 8), P("data"), P("data", "model"))
-_ORDER = ((2, 2, 2), ("data", "model", "fsdp"), (8,), P(("data", "model")), P(("model", "data")))
+_ORDER = (
+    (2, 2, 2),
+    ("data", "model", "fsdp"),
+    (8,),
+    P(("data", "model")),
+    P(("model", "data")),
+)
 _TUPLE1 = ((4, 2), ("data", "model"), (8, 8), P(("data",)), P("data", None))
 _REPL = ((2,), ("data",), (8,), P(), P(None))
 

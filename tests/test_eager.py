@@ -95,8 +95,12 @@ def test_size_one_axis_is_not_sharding(checker):
     x = place(mesh, (8, 4), P("data"))  # "model" has size 1: the same layout
     with no_transfers():
         assert f(x) is x
-    assert isinstance(place(mesh, (8, 4), P("data", "model")), Float[Array, "b e", P("data")])
-    assert not isinstance(place(mesh, (8, 4), P("model")), Float[Array, "b e", P("data")])
+    assert isinstance(
+        place(mesh, (8, 4), P("data", "model")), Float[Array, "b e", P("data")]
+    )
+    assert not isinstance(
+        place(mesh, (8, 4), P("model")), Float[Array, "b e", P("data")]
+    )
 
 
 def test_three_axis_mesh(mesh_2x2x2):

@@ -138,13 +138,24 @@ _axes = ["data", "model", "fsdp", "x", "y", "z"]
 @st.composite
 def _dims_and_layout(draw):
     n = draw(st.integers(1, 6))
-    kinds = draw(st.lists(st.sampled_from(["named", "fixed", "anon", "bcast", "eq"]), min_size=n, max_size=n))
+    kinds = draw(
+        st.lists(
+            st.sampled_from(["named", "fixed", "anon", "bcast", "eq"]),
+            min_size=n,
+            max_size=n,
+        )
+    )
     dims = []
     for kind in kinds:
         name = draw(_names)
         dims.append(
-            {"named": name, "fixed": str(draw(st.integers(1, 64))), "anon": "_",
-             "bcast": "#" + name, "eq": f"{name}={draw(st.integers(1, 9))}"}[kind]
+            {
+                "named": name,
+                "fixed": str(draw(st.integers(1, 64))),
+                "anon": "_",
+                "bcast": "#" + name,
+                "eq": f"{name}={draw(st.integers(1, 9))}",
+            }[kind]
         )
     variadic_at = draw(st.one_of(st.none(), st.integers(0, n)))
     if variadic_at is not None:

@@ -80,12 +80,16 @@ def test_typeof_none_is_not_replicated(mesh_auto):
 
 def test_return_value_auto(checker, mesh_auto):
     A = Float[Array, "b e", P("data", None)]
-    f = make_binary(checker, A, A, Float[Array, "b e", P("model", None)], lambda a, b: a + b)
+    f = make_binary(
+        checker, A, A, Float[Array, "b e", P("model", None)], lambda a, b: a + b
+    )
     x = place(mesh_auto, (8, 4), P("data"))
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         jts.jit(f)(x, x)
     assert str(info.value).startswith("the return value of `")
-    ok = make_binary(checker, A, A, Float[Array, "b e", P("data", None)], lambda a, b: a + b)
+    ok = make_binary(
+        checker, A, A, Float[Array, "b e", P("data", None)], lambda a, b: a + b
+    )
     assert jts.jit(ok)(x, x).shape == (8, 4)
 
 
@@ -93,7 +97,9 @@ def test_out_shardings_respected(mesh_auto):
     A = Float[Array, "b e", P("data", None)]
     B = Float[Array, "b e", P(None, "model")]
     f = make_identity("beartype", A, B)
-    g = jts.jit(lambda v: f(v) + 0, out_shardings=jax.NamedSharding(mesh_auto, P(None, "model")))
+    g = jts.jit(
+        lambda v: f(v) + 0, out_shardings=jax.NamedSharding(mesh_auto, P(None, "model"))
+    )
     x = place(mesh_auto, (8, 4), P("data"))
     # The inner annotation applies to the value inside, before out_shardings.
     with pytest.raises(jts.ShardingTypeCheckError):

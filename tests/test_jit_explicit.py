@@ -66,7 +66,9 @@ def test_intermediate_sharding_follows_jax(checker, mesh_explicit):
     x = place(mesh_explicit, (8, 4), P("data"))
     w = place(mesh_explicit, (4, 6), P(None, "model"))
     with no_transfers():
-        assert jax.jit(make_binary(checker, A, W, out_ok, lambda a, b: a @ b))(x, w).shape == (8, 6)
+        assert jax.jit(make_binary(checker, A, W, out_ok, lambda a, b: a @ b))(
+            x, w
+        ).shape == (8, 6)
         with pytest.raises(CHECK_ERRORS):
             jax.jit(make_binary(checker, A, W, out_bad, lambda a, b: a @ b))(x, w)
 

@@ -1,8 +1,8 @@
 """Error texts: expected, actual in JAX's notation, the mesh, and the fix."""
 
 import jax
-import jaxtyping
 import jax.numpy as jnp
+import jaxtyping
 import pytest
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
@@ -82,7 +82,10 @@ def test_compile_time_message_first_line(mesh_auto):
         jts.jit(f)(place(mesh_auto, (8, 4), P("model")))
     first = str(info.value).splitlines()[0]
     assert first.startswith("argument `x` of `make_identity.<locals>.f` (traced at ")
-    assert "XLA sharded it as `float32[8@model,4]`, not P('data', None) (`b@data e`)" in first
+    assert (
+        "XLA sharded it as `float32[8@model,4]`, not P('data', None) (`b@data e`)"
+        in first
+    )
     assert "checked when the function was compiled" in first
 
 

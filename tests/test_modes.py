@@ -47,7 +47,9 @@ def test_off_mode_leaves_nothing_in_jaxpr():
     x = place(mesh, (8, 4), P("data"))
     # Fresh functions: JAX caches traces, and the mode is read when tracing.
     with jts.set_mode("off"):
-        assert "inspect_sharding" not in str(jax.make_jaxpr(make_identity("beartype", A, A))(x))
+        assert "inspect_sharding" not in str(
+            jax.make_jaxpr(make_identity("beartype", A, A))(x)
+        )
     assert "inspect_sharding" in str(jax.make_jaxpr(make_identity("beartype", A, A))(x))
 
 
@@ -73,17 +75,23 @@ def test_bad_mode():
         jts.set_mode("loud")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("value, expected", [("off", "off"), ("WARN", "warn"), ("", "check")])
+@pytest.mark.parametrize(
+    "value, expected", [("off", "off"), ("WARN", "warn"), ("", "check")]
+)
 def test_environment_variable(value, expected):
     code = "import jaxtyping_shard as j; print(j.get_mode())"
     env = dict(os.environ, JAXTYPING_SHARD_MODE=value)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
     assert out.stdout.strip() == expected, out.stderr
 
 
 def test_bad_environment_variable():
     code = "import jaxtyping_shard"
     env = dict(os.environ, JAXTYPING_SHARD_MODE="sometimes")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
     assert out.returncode != 0
     assert "JAXTYPING_SHARD_MODE='sometimes' is not a mode" in out.stderr

@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import jax
-import pytest
 
 
 def _run_pytest(tmp_path, test_body, *args, env_extra=None, ini=""):
@@ -16,7 +15,11 @@ def _run_pytest(tmp_path, test_body, *args, env_extra=None, ini=""):
         (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
     else:
         (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+    }
     env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
@@ -44,7 +47,9 @@ def test_option_forces_devices(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     # XLA_FLAGS if JAX is not imported yet, else jax_num_cpu_devices (other
     # plugins, jaxtyping's among them, may import JAX before ours runs).
-    assert re.search(r"jaxtyping_shard: (XLA_FLAGS .*|jax_num_cpu_devices)=4", out.stdout)
+    assert re.search(
+        r"jaxtyping_shard: (XLA_FLAGS .*|jax_num_cpu_devices)=4", out.stdout
+    )
 
 
 def test_ini_forces_devices(tmp_path):
@@ -78,7 +83,10 @@ def test_keeps_other_xla_flags(tmp_path):
         assert len(jax.devices()) == 2
     """
     out = _run_pytest(
-        tmp_path, body, "--jax-cpu-devices", "2",
+        tmp_path,
+        body,
+        "--jax-cpu-devices",
+        "2",
         env_extra={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"},
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -33,7 +33,9 @@ def test_same_binding_inside_and_outside(checker, mesh_explicit):
 
 def test_local_shape_mismatch(checker, mesh_explicit):
     # Annotated as 16 rows globally; the shard is 2 of 8.
-    inner = make_identity(checker, Float[Array, "16 embed", P("data", None)], Float[Array, "..."])
+    inner = make_identity(
+        checker, Float[Array, "16 embed", P("data", None)], Float[Array, "..."]
+    )
     x = place(mesh_explicit, (8, 4), P("data"))
     with pytest.raises(CHECK_ERRORS):
         _run(mesh_explicit, inner, x)
@@ -106,5 +108,7 @@ def test_two_axes(mesh_explicit):
         return v
 
     x = place(mesh_explicit, (8, 4), P("data", "model"))
-    _run(mesh_explicit, body, x, in_spec=P("data", "model"), out_spec=P("data", "model"))
+    _run(
+        mesh_explicit, body, x, in_spec=P("data", "model"), out_spec=P("data", "model")
+    )
     assert seen == [("", False)]

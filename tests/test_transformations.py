@@ -29,7 +29,9 @@ def _transforms(checked):
         "grad": jax.jit(jax.grad(lambda x: checked(x).sum())),
         "value_and_grad": jax.jit(jax.value_and_grad(lambda x: checked(x).sum())),
         "scan": jax.jit(
-            lambda x: jax.lax.scan(lambda c, _: (checked(c), None), x, None, length=2)[0]
+            lambda x: jax.lax.scan(lambda c, _: (checked(c), None), x, None, length=2)[
+                0
+            ]
         ),
         "cond": jax.jit(lambda x: jax.lax.cond(x.sum() > 0, checked, lambda v: v, x)),
         "while_loop": jax.jit(
@@ -39,7 +41,9 @@ def _transforms(checked):
         ),
         "checkpoint": jax.jit(jax.checkpoint(checked)),
         "named_call": jax.jit(jax.named_call(checked, name="checked_call")),
-        "grad_of_checkpoint": jax.jit(jax.grad(lambda x: jax.checkpoint(checked)(x).sum())),
+        "grad_of_checkpoint": jax.jit(
+            jax.grad(lambda x: jax.checkpoint(checked)(x).sum())
+        ),
     }
 
 
@@ -120,7 +124,9 @@ def test_under_vmap_is_false_outside_vmap(mesh_auto):
     from jaxtyping_shard._check import under_vmap
 
     seen = []
-    jax.jit(lambda v: seen.append(under_vmap(v)) or v)(place(mesh_auto, (8, 4), P("data")))
+    jax.jit(lambda v: seen.append(under_vmap(v)) or v)(
+        place(mesh_auto, (8, 4), P("data"))
+    )
     assert seen == [False]
     assert under_vmap(jnp.ones(3)) is False
 
@@ -128,11 +134,15 @@ def test_under_vmap_is_false_outside_vmap(mesh_auto):
 def test_shard_map_inside_jit_and_grad(mesh_explicit):
     Local = Float[Array, "b e", P("data", None)]
     checked = make_identity("beartype", Local, Local)
-    smap = jax.shard_map(checked, mesh=mesh_explicit, in_specs=P("data"), out_specs=P("data"))
+    smap = jax.shard_map(
+        checked, mesh=mesh_explicit, in_specs=P("data"), out_specs=P("data")
+    )
     x = place(mesh_explicit, (8, 4), P("data"))
     with jax.set_mesh(mesh_explicit):
         assert jax.jit(jax.grad(lambda v: smap(v).sum()))(x).shape == (8, 4)
         wrong = make_identity("beartype", Float[Array, "b e", P()], Local)
-        smap_bad = jax.shard_map(wrong, mesh=mesh_explicit, in_specs=P("data"), out_specs=P("data"))
+        smap_bad = jax.shard_map(
+            wrong, mesh=mesh_explicit, in_specs=P("data"), out_specs=P("data")
+        )
         with pytest.raises(CHECK_ERRORS):
             jax.jit(jax.grad(lambda v: smap_bad(v).sum()))(x)

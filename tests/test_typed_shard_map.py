@@ -35,8 +35,12 @@ def test_specs_from_annotations(mesh_4x2):
     out = jax.jit(f)(x, w)
     assert seen == [((2, 4), (4, 3))]  # local shards: 8/4 rows, 6/2 columns
     assert out.shape == (8, 6)
-    assert out.sharding.is_equivalent_to(jax.NamedSharding(mesh_4x2, P("data", "model")), 2)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(x) @ np.asarray(w), rtol=1e-5)
+    assert out.sharding.is_equivalent_to(
+        jax.NamedSharding(mesh_4x2, P("data", "model")), 2
+    )
+    np.testing.assert_allclose(
+        np.asarray(out), np.asarray(x) @ np.asarray(w), rtol=1e-5
+    )
 
 
 def test_tuple_return_and_context_mesh(mesh_explicit):
@@ -69,7 +73,9 @@ def test_checked_inside(checker, mesh_4x2):
 def test_body_annotations_bind_global_dims(mesh_explicit):
     @typed_shard_map(mesh=mesh_explicit)
     @jaxtyped(typechecker=beartype)
-    def f(x: Float[Array, "8@data e"], w: Float[Array, "e f@model"]) -> Float[Array, "8@data f@model"]:
+    def f(
+        x: Float[Array, "8@data e"], w: Float[Array, "e f@model"]
+    ) -> Float[Array, "8@data f@model"]:
         return x @ w
 
     x = place(mesh_explicit, (8, 4), P("data"))
@@ -80,7 +86,9 @@ def test_body_annotations_bind_global_dims(mesh_explicit):
 
 
 def test_missing_annotation_is_a_decoration_error():
-    with pytest.raises(jts.ShardingAnnotationError, match="parameter 'w' has no annotation"):
+    with pytest.raises(
+        jts.ShardingAnnotationError, match="parameter 'w' has no annotation"
+    ):
 
         @typed_shard_map
         def f(x: X, w) -> X:
@@ -94,7 +102,9 @@ def test_unsharded_annotation_is_a_decoration_error():
         def f(x: Float[Array, "b e"]) -> X:
             return x
 
-    with pytest.raises(jts.ShardingAnnotationError, match="the return value has no annotation"):
+    with pytest.raises(
+        jts.ShardingAnnotationError, match="the return value has no annotation"
+    ):
 
         @typed_shard_map
         def g(x: X):
@@ -146,7 +156,9 @@ def test_nested_in_jit_auto(mesh_auto):
 
 def test_example_runs():
     path = os.path.join(os.path.dirname(__file__), "..", "examples", "tp_mlp.py")
-    out = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, path], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "matches the unsharded result" in out.stdout
     assert "forgetting the psum is caught" in out.stdout

@@ -6,5 +6,7 @@ from jaxtyping import Array
 from jaxtyping_shard import Float
 
 
-def scale(x: Float[Array, "b e", P("data", None)]) -> Float[Array, "b e", P("data", None)]:
+def scale(
+    x: Float[Array, "b e", P("data", None)],
+) -> Float[Array, "b e", P("data", None)]:
     return x * 2
