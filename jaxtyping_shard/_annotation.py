@@ -6,12 +6,19 @@ jaxtyping's own shape/dtype check, then the sharding check of `_check`.
 """
 
 import copyreg
+import types
 import typing
 from typing import Any, get_args, get_origin, Union
 
 import jax
 import jaxtyping
 from jax.core import Tracer
+
+# jaxtyping's `PyTree[...]` runs isinstance on leaves while it only checks the tree
+# structure; its array checks then pass without looking, and so must ours. The flag
+# lives in a private module, read in this one place (tested by
+# test_annotation.py::test_pytree_of_sharded_leaves).
+from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
 from . import _manual, _notation, _spec
 from ._check import check
@@ -23,19 +30,7 @@ from ._errors import ShardingAnnotationError
 _JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
 _JaxtypingDtypeMeta: Any = type(jaxtyping.AbstractDtype)
 _Tracer = Tracer
-_UNION_TYPES: tuple[Any, ...] = (
-    Union,
-    getattr(__import__("types"), "UnionType", Union),
-)
-
-
-def _in_pytree_structure_check() -> bool:
-    # jaxtyping's `PyTree[...]` runs isinstance on leaves while only checking the
-    # tree structure; its array checks then pass without looking, so must ours.
-    # The flag lives in a private module: read it in this one place.
-    from jaxtyping._storage import get_treeflatten_memo
-
-    return bool(get_treeflatten_memo())
+_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 
 
 class _MetaShardedArray(_JaxtypingArrayMeta):
