@@ -36,25 +36,54 @@ _UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 class _MetaShardedArray(_JaxtypingArrayMeta):
     """Metaclass of sharded annotations: jaxtyping's check, then the sharding."""
 
+    def __instancecheck__(cls, obj: Any) -> bool:
+        # What `isinstance` (and so beartype's wrappers) calls. Same depth of calls
+        # as jaxtyping's own, so that a cached pass costs one attribute read.
+        if _jaxtyping_instancecheck_str(cls, obj):
+            return False
+        if getattr(obj, "sharding", None) is cls._jts_last:
+            return True
+        return cls.__instancecheck_str__(obj) == ""
+
     def __instancecheck_str__(cls, obj: Any) -> str:
-        message = _JaxtypingArrayMeta.__instancecheck_str__(cls, obj)
-        if message or state.mode == "off" or cls._skip_instancecheck:
+        message = _jaxtyping_instancecheck_str(cls, obj)
+        if message:
             return message
-        if _in_pytree_structure_check():
+        # Fast path: the sharding object this annotation last accepted (arrays
+        # share their sharding object, so an `is` test beats hashing it).
+        if getattr(obj, "sharding", None) is cls._jts_last:
             return ""
-        return check(cls, obj)
+        if state.mode == "off" or cls._skip_instancecheck:
+            return ""
+        message = check(cls, obj)
+        # Read only on failure: the flag costs more than a cached verdict.
+        if message and _in_pytree_structure_check():
+            return ""
+        return message
 
     def _check_shape(cls, obj, single_memo, variadic_memo, arg_memo) -> str:
         # Inside shard_map a value is a local shard; its dims are checked as the
         # global array they are a piece of (see `_manual`).
-        if isinstance(obj, _Tracer) and state.mode != "off":
-            view = _manual.global_view(cls, obj)
-            if view is not None:
-                message = super()._check_shape(
-                    view, single_memo, variadic_memo, arg_memo
-                )
-                return _manual.explain_shape(cls, view, message)
-        return super()._check_shape(obj, single_memo, variadic_memo, arg_memo)
+        if isinstance(obj, _Tracer):
+            if state.mode != "off":
+                view = _manual.global_view(cls, obj)
+                if view is not None:
+                    message = _jaxtyping_check_shape(
+                        cls, view, single_memo, variadic_memo, arg_memo
+                    )
+                    return _manual.explain_shape(cls, view, message)
+        return _jaxtyping_check_shape(cls, obj, single_memo, variadic_memo, arg_memo)
+
+
+_jaxtyping_instancecheck_str = _JaxtypingArrayMeta.__instancecheck_str__
+_jaxtyping_check_shape = _JaxtypingArrayMeta._check_shape
+
+
+class _Nothing:
+    """Never the `.sharding` of anything."""
+
+
+_NOTHING = _Nothing()
 
 
 def _rebuild(dtype: Any, array_type: Any, dim_str: str, spec: Any) -> Any:
@@ -82,6 +111,7 @@ def _wrap(
             _jts=layout,
             _jts_rank_fixed=base.index_variadic is None,
             _jts_verdicts={},
+            _jts_last=_NOTHING,
             _jts_dim_str=dim_str,
             _jts_spec_arg=spec_arg,
         ),

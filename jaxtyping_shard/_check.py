@@ -60,6 +60,8 @@ def check(cls: Any, obj: Any) -> str:
             cache.clear()
         cache[key] = verdict
     if verdict:
+        if type(sharding) is NamedSharding and cls._jts_rank_fixed:
+            cls._jts_last = sharding  # see _MetaShardedArray.__instancecheck_str__
         return ""
     return _report(_eager_message(cls, obj, sharding))
 
