@@ -1,5 +1,6 @@
 """The check mode: `check` (raise), `warn` (warn instead) or `off`."""
 
+import contextlib
 import os
 import threading
 from typing import Literal
@@ -35,8 +36,8 @@ class _ModeSetter:
     def __init__(self, previous: str):
         self.previous = previous
 
-    def __enter__(self) -> "_ModeSetter":
-        return self
+    def __enter__(self) -> None:
+        return None
 
     def __exit__(self, *exc_info) -> None:
         with _lock:
@@ -46,7 +47,7 @@ class _ModeSetter:
         return f"<jaxtyping_shard mode {state.mode!r}, was {self.previous!r}>"
 
 
-def set_mode(mode: Mode) -> _ModeSetter:
+def set_mode(mode: Mode) -> contextlib.AbstractContextManager[None]:
     """Sets how sharding checks behave, for the whole process.
 
     !!! Example
