@@ -143,3 +143,17 @@ def test_static_checker_file_imports():
     from .types import check_static
 
     assert callable(check_static.layer)
+
+
+def test_import_does_not_initialise_jax():
+    # Users (and the pytest plugin) may still set the device count afterwards.
+    import subprocess
+
+    code = (
+        "import jaxtyping_shard, jax; "
+        "jax.config.update('jax_num_cpu_devices', 3); "
+        "assert len(jax.devices('cpu')) == 3, jax.devices()"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
