@@ -37,22 +37,32 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
     """Metaclass of sharded annotations: jaxtyping's check, then the sharding."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        # What `isinstance` (and so beartype's wrappers) calls. Same depth of calls
-        # as jaxtyping's own, so that a cached pass costs one attribute read.
-        if _jaxtyping_instancecheck_str(cls, obj):
-            return False
-        if getattr(obj, "sharding", None) is cls._jts_last:
+        # What `isinstance` (and so beartype's wrappers) calls: kept as shallow as
+        # jaxtyping's own, so that a cached pass costs one attribute read.
+        if isinstance(obj, _Tracer):
+            return cls.__instancecheck_str__(obj) == ""
+        if cls._skip_instancecheck:
             return True
-        return cls.__instancecheck_str__(obj) == ""
+        # A concrete value: jaxtyping's check on the unsharded base class (same
+        # dims; skips our `_check_shape`, which only matters for tracers).
+        if _jaxtyping_instancecheck_str(cls._jts_base, obj):
+            return False
+        if state.mode == "off":
+            return True
+        # The sharding object this annotation last accepted: arrays share their
+        # sharding object, so an `is` test beats hashing it.
+        try:
+            if obj.sharding is cls._jts_last:
+                return True
+        except AttributeError:  # a NumPy array, say: it lives on one device
+            pass
+        return cls._jts_sharding_str(obj) == ""
 
     def __instancecheck_str__(cls, obj: Any) -> str:
-        message = _jaxtyping_instancecheck_str(cls, obj)
-        if message:
-            return message
-        # Fast path: the sharding object this annotation last accepted (arrays
-        # share their sharding object, so an `is` test beats hashing it).
-        if getattr(obj, "sharding", None) is cls._jts_last:
-            return ""
+        return _jaxtyping_instancecheck_str(cls, obj) or cls._jts_sharding_str(obj)
+
+    def _jts_sharding_str(cls, obj: Any) -> str:
+        """The sharding part of the check, after jaxtyping's has passed."""
         if state.mode == "off" or cls._skip_instancecheck:
             return ""
         message = check(cls, obj)
@@ -110,6 +120,7 @@ def _wrap(
         dict(
             _jts=layout,
             _jts_rank_fixed=base.index_variadic is None,
+            _jts_base=base,
             _jts_verdicts={},
             _jts_last=_NOTHING,
             _jts_dim_str=dim_str,

@@ -42,11 +42,12 @@ _FIX = (
 
 def check(cls: Any, obj: Any) -> str:
     """Returns "" when `obj`'s sharding matches `cls`'s spec, else the reason."""
-    try:
-        sharding = obj.sharding
-    except AttributeError:
-        if isinstance(obj, _Tracer):
-            return _report(_check_tracer(cls, obj))
+    # Tracers first: a tracer's `.sharding` raises an AttributeError whose message
+    # walks the whole jaxpr traced so far (O(n) per check, O(n^2) per function).
+    if isinstance(obj, _Tracer):
+        return _report(_check_tracer(cls, obj))
+    sharding = getattr(obj, "sharding", None)
+    if sharding is None:
         return _report(_check_unsharded(cls, obj))
     cache = cls._jts_verdicts
     if type(sharding) is NamedSharding:
@@ -244,10 +245,21 @@ def under_vmap(obj: Any) -> bool:
     return False
 
 
+class _Phase(threading.local):
+    # False: schedule compile-time checks as usual. True: `jaxtyping_shard.jit` is
+    # tracing its unchecked twin, for inputs whose checks have already run.
+    skip: bool = False
+
+
+phase = _Phase()
+
+
 def schedule_compile_check(cls: Any, obj: Any, aval: Any, mesh: Any) -> None:
     """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes)."""
     if under_vmap(obj):
         return  # documented in docs/guarantees.md: not checkable under vmap
+    if phase.skip:
+        return
     key = (id(obj), id(cls))
     with _scheduled_lock:
         if key in _scheduled:

@@ -2,13 +2,14 @@
 
 import contextlib
 import functools as ft
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 
-from ._check import pop_failure
+from ._check import phase, pop_failure
 
 
 _MARKER_RE = re.compile(r"\[jaxtyping_shard #(\d+)\]")
@@ -61,7 +62,16 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     `Auto` axes) is raised as [`jaxtyping_shard.ShardingTypeCheckError`][] (a
     `jaxtyping.TypeCheckError`) rather than `JaxRuntimeError: INTERNAL: ...`.
     `.lower`, `.trace`, `.eval_shape` and other attributes are those of the
-    underlying `jax.jit` object.
+    underlying `jax.jit` object (with the checks).
+
+    Speed: JAX marks `jax.debug.inspect_array_sharding` as a side effect, and a
+    compiled function with one loses JAX's C++ dispatch fast path (about +0.1 ms
+    a call on CPU). So for each new input signature (the shapes, dtypes and
+    shardings of the array arguments, and the other arguments' values) this
+    wrapper compiles the function twice: once with the checks, only to run them,
+    and once without, to run it. Later calls with that signature skip the checks
+    and run at the speed of the unchecked function, plus a look-up of the
+    signature.
 
     !!! Example
 
@@ -84,25 +94,92 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     """
     if fun is None:
         return ft.partial(jit, **jit_kwargs)
-    return _Jitted(jax.jit(fun, **jit_kwargs))
+    return _Jitted(fun, jit_kwargs)
+
+
+_UNHASHABLE = object()
+_SIGNATURE_LIMIT = 1024
+
+
+def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[frozenset, frozenset]:
+    """The positions and names of `fun`'s static arguments, as `jax.jit` sees them."""
+    raw_nums: Any = jit_kwargs.get("static_argnums", ()) or ()
+    raw_names: Any = jit_kwargs.get("static_argnames", ()) or ()
+    nums: set[int] = {raw_nums} if isinstance(raw_nums, int) else set(raw_nums)
+    names: set[str] = {raw_names} if isinstance(raw_names, str) else set(raw_names)
+    try:
+        params = list(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        params = []
+    nums = {n % len(params) if params and n < 0 else n for n in nums}
+    for i, name in enumerate(params):  # jax.jit infers each from the other
+        if i in nums:
+            names.add(name)
+        if name in names:
+            nums.add(i)
+    return frozenset(nums), frozenset(names)
+
+
+def _leaf_key(leaf: Any) -> Any:
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+        return (leaf.shape, leaf.dtype, sharding)
+    # Traced values that are not jax.Arrays (NumPy arrays, Python scalars):
+    # their value does not change the compiled program, their type and shape do.
+    return (type(leaf), getattr(leaf, "shape", None), getattr(leaf, "dtype", None))
+
+
+def _signature(args: tuple, kwargs: dict, static: tuple) -> Any:
+    """What a compiled executable depends on, over-approximated; hashable."""
+    nums, names = static
+    key: list[Any] = [len(args), tuple(sorted(kwargs))]
+    for i, arg in enumerate(args):
+        key.append(("static", arg) if i in nums else _tree_key(arg))
+    for name in sorted(kwargs):
+        arg = kwargs[name]
+        key.append(("static", arg) if name in names else _tree_key(arg))
+    return tuple(key)
+
+
+def _tree_key(tree: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, *map(_leaf_key, leaves))
 
 
 class _Jitted:
-    __slots__ = ("_jitted", "__wrapped__", "__dict__")
-
-    def __init__(self, jitted: Any):
-        self._jitted = jitted
-        self.__wrapped__ = jitted
-        ft.update_wrapper(self, jitted)
+    def __init__(self, fun: Callable, jit_kwargs: dict):
+        # Two distinct Python functions, so that JAX's trace caches keep the
+        # checked and the unchecked traces apart.
+        checked = ft.wraps(fun)(lambda *args, **kwargs: fun(*args, **kwargs))
+        unchecked = ft.wraps(fun)(lambda *args, **kwargs: fun(*args, **kwargs))
+        self._jitted = jax.jit(checked, **jit_kwargs)
+        self._unchecked = jax.jit(unchecked, **jit_kwargs)
+        self._checked_signatures: set = set()
+        self._static = _static_positions(fun, jit_kwargs)
+        self.__wrapped__ = fun
+        ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self._jitted(*args, **kwargs)
-        except jax.errors.JaxRuntimeError as error:
-            translated = _translate(error)
-            if translated is error:
-                raise
-            raise translated from None
+            key = _signature(args, kwargs, self._static)
+            hash(key)
+        except TypeError:  # an unhashable argument: check on every call
+            key = _UNHASHABLE
+        if key is _UNHASHABLE or key not in self._checked_signatures:
+            # Lowering and compiling runs every check (trace time and compile
+            # time) before anything runs.
+            with sharding_errors():
+                self._jitted.lower(*args, **kwargs).compile()
+            if key is not _UNHASHABLE:
+                if len(self._checked_signatures) >= _SIGNATURE_LIMIT:
+                    self._checked_signatures.clear()
+                self._checked_signatures.add(key)
+        previous = phase.skip
+        phase.skip = True
+        try:
+            return self._unchecked(*args, **kwargs)
+        finally:
+            phase.skip = previous
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
@@ -113,4 +190,4 @@ class _Jitted:
         return ft.partial(self, instance)
 
     def __repr__(self) -> str:
-        return f"jaxtyping_shard.jit({self._jitted!r})"
+        return f"jaxtyping_shard.jit({self.__wrapped__!r})"

@@ -155,5 +155,7 @@ def test_import_does_not_initialise_jax():
         "assert len(jax.devices('cpu')) == 3, jax.devices()"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr

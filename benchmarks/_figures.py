@@ -1,0 +1,491 @@
+"""The figures of `run.py`. Imported only after the CPU device count is forced.
+
+Every figure is a ratio against a baseline timed in the same process, in
+interleaved batches (the order rotates each repeat), so that drift and other load
+on the machine hit both sides alike. The ratio is the median over repeats of
+candidate / baseline of the same repeat.
+"""
+
+import gc
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+from beartype import beartype
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jaxtyping import Array, jaxtyped
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+
+
+AXES = ("data", "model")
+SHAPE = (8, 4)
+# Eight arguments, each annotated with the spec it is placed with.
+SPECS = (
+    P("data", None),
+    P(None, "model"),
+    P("data", "model"),
+    P(),
+    P("model", None),
+    P(None, "data"),
+    P(("data", "model"), None),
+    P("data", None),
+)
+CHAIN = 100  # checks per function in the compile and trace figures
+
+
+class Settings:
+    def __init__(self, smoke: bool):
+        self.smoke = smoke
+        self.repeats = 9 if smoke else 101  # timed batches per side
+        self.batch_s = 0.002 if smoke else 0.01  # length of one batch
+        self.one_shot_repeats = 3 if smoke else 21  # compiles / traces per side
+
+
+def make_mesh(kind: str) -> Any:
+    axis_type = AxisType.Auto if kind == "auto" else AxisType.Explicit
+    return jax.make_mesh((4, 2), AXES, axis_types=(axis_type,) * 2)
+
+
+def place(mesh: Any, spec: Any) -> Any:
+    x = jnp.arange(SHAPE[0] * SHAPE[1], dtype=jnp.float32).reshape(SHAPE)
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def sharded(spec: Any) -> Any:
+    return Float[Array, "b e", spec]
+
+
+PLAIN = jaxtyping.Float[Array, "b e"]
+
+
+# Timing.
+
+
+def _calibrate(timer: timeit.Timer, batch_s: float) -> int:
+    number = 1
+    while True:
+        took = timer.timeit(number)
+        if took >= batch_s or number >= 1 << 20:
+            return number
+        number = max(number * 2, int(number * batch_s / max(took, 1e-9)))
+
+
+def interleaved(
+    stmts: dict[str, Callable[[], Any]], settings: Settings
+) -> dict[str, list[float]]:
+    """Seconds per call of each statement, one list entry per repeat.
+
+    The first statement is the baseline; the batch size is calibrated on it and
+    used for all, and the order of the statements rotates each repeat.
+    """
+    timers = {name: timeit.Timer(fn) for name, fn in stmts.items()}
+    for timer in timers.values():
+        timer.timeit(3)  # warm up: caches, compiled code, first-call paths
+    number = _calibrate(next(iter(timers.values())), settings.batch_s)
+    names = list(timers)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(settings.repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            # timeit disables the garbage collector while it runs.
+            out[name].append(timers[name].timeit(number) / number)
+    return out
+
+
+def one_shots(
+    runs: dict[str, Callable[[], float]], repeats: int
+) -> dict[str, list[float]]:
+    """Like `interleaved`, for runs that time themselves once (compile, trace)."""
+    names = list(runs)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            out[name].append(runs[name]())
+    return out
+
+
+def paired_ratio(candidate: list[float], baseline: list[float]) -> float:
+    return statistics.median(c / b for c, b in zip(candidate, baseline))
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 0.1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.3f} µs"
+
+
+def figure(
+    name: str,
+    what: str,
+    candidate: list[float],
+    baseline: list[float],
+    target: float | None,
+    target_text: str,
+    ratio: float | None = None,
+    live: bool = True,
+    **extra: Any,
+) -> dict:
+    if ratio is None:
+        ratio = paired_ratio(candidate, baseline)
+    cand_med = statistics.median(candidate)
+    base_med = statistics.median(baseline)
+    if not live:
+        verdict = "MISS (check not live)"
+    elif target is None:
+        verdict = "report"
+    else:
+        verdict = "PASS" if ratio <= target else "MISS"
+    return dict(
+        name=name,
+        what=what,
+        ratio=round(ratio, 4),
+        target=target,
+        target_text=target_text,
+        verdict=verdict,
+        candidate_median_s=cand_med,
+        baseline_median_s=base_med,
+        candidate_text=_fmt_s(cand_med),
+        baseline_text=_fmt_s(base_med),
+        repeats=len(candidate),
+        check_is_live=live,
+        **extra,
+    )
+
+
+# Figures 1 and 2: eager calls under jaxtyped(typechecker=beartype).
+
+
+def _checked(n_args: int, annotations: list[Any], returns: Any) -> Any:
+    # Fresh function objects, so that no two variants share jaxtyping's caches.
+    if n_args == 1:
+
+        def f(x0):
+            return x0
+
+    else:
+
+        def f(x0, x1, x2, x3, x4, x5, x6, x7):
+            return x0
+
+    f.__annotations__ = {f"x{i}": a for i, a in enumerate(annotations)}
+    f.__annotations__["return"] = returns
+    return jaxtyped(typechecker=beartype)(f)
+
+
+def _eager_pair(n_args: int) -> tuple[Any, Any, tuple[Any, ...], Any]:
+    mesh = make_mesh("explicit")
+    specs = SPECS[:n_args]
+    args = tuple(place(mesh, spec) for spec in specs)
+    ours = _checked(n_args, [sharded(s) for s in specs], sharded(specs[0]))
+    plain = _checked(n_args, [PLAIN] * n_args, PLAIN)
+    # Mis-sharded first argument: the checked function must refuse it.
+    wrong = (place(mesh, P("model", None)),) + args[1:]
+    return ours, plain, args, wrong
+
+
+def _raises(fn: Callable[[], Any], error: type = Exception) -> bool:
+    try:
+        fn()
+    except error:
+        return True
+    return False
+
+
+def eager(n_args: int, mode: str, settings: Settings) -> dict:
+    ours, plain, args, wrong = _eager_pair(n_args)
+    live = mode == "off" or _raises(lambda: ours(*wrong), jaxtyping.TypeCheckError)
+    with jts.set_mode(mode):  # type: ignore[arg-type]
+        times = interleaved(
+            {"plain": lambda: plain(*args), "ours": lambda: ours(*args)}, settings
+        )
+    if mode == "check":
+        name, target, text = f"1. eager, {n_args} arg(s)", 1.03, "≤ 1.03"
+    else:
+        name, target, text = f"2. eager, {n_args} arg(s), off", 1.02, "1.00 (≤ 1.02)"
+    return figure(
+        name,
+        f"call of f({n_args} annotated args) -> annotated, jaxtyped(beartype), "
+        f"mode {mode!r}: sharded annotations / plain jaxtyping",
+        times["ours"],
+        times["plain"],
+        target,
+        text,
+        live=live,
+    )
+
+
+# Figure 3: one cached verdict, per array.
+
+
+def cache_hit(settings: Settings) -> dict:
+    x = place(make_mesh("explicit"), P("data", None))
+    ours = sharded(P("data", None))
+    assert isinstance(x, ours) and isinstance(x, PLAIN)
+    # isinstance is what beartype's wrappers call: the hot path.
+    times = interleaved(
+        {
+            "plain": lambda: isinstance(x, PLAIN),
+            "ours": lambda: isinstance(x, ours),
+            "floor": lambda: hash(x.sharding),
+        },
+        settings,
+    )
+    extra = [c - b for c, b in zip(times["ours"], times["plain"])]
+    ratio = statistics.median(e / f for e, f in zip(extra, times["floor"]))
+    live = ours.__instancecheck_str__(place(make_mesh("explicit"), P("model"))) != ""
+    out = figure(
+        "3. cached verdict, per array",
+        "isinstance(x, A), sharded minus plain annotation, against the floor "
+        "hash(x.sharding)",
+        extra,
+        times["floor"],
+        3.0,
+        "≤ 3x floor",
+        ratio=ratio,
+        live=live,
+        plain_instancecheck_median_s=statistics.median(times["plain"]),
+    )
+    out["candidate_text"] = f"+{_fmt_s(statistics.median(extra))}"
+    return out
+
+
+# Figure 4: a compiled checked function, called.
+
+
+def _jit_fns(spec: Any, checked: bool) -> Any:
+    def f(x):
+        return x * 2
+
+    if checked:
+        f.__annotations__ = {"x": sharded(spec), "return": sharded(spec)}
+        return jaxtyped(typechecker=beartype)(f)
+    return f
+
+
+def _bare_inspect_fn(x):
+    jax.debug.inspect_array_sharding(x, callback=lambda s: None)
+    return x * 2
+
+
+def jit_steady(settings: Settings) -> list[dict]:
+    mesh = make_mesh("auto")
+    x = place(mesh, P("data", None))
+    ours = jts.jit(_jit_fns(P("data", None), checked=True))
+    raw = jax.jit(_jit_fns(P("data", None), checked=True))
+    plain = jax.jit(_jit_fns(P("data", None), checked=False))
+    bare = jax.jit(_bare_inspect_fn)
+    hlo = raw.lower(x).compile().as_text()
+    custom_calls = hlo.count("custom-call(")
+    wrong = jts.jit(_jit_fns(P("model", None), checked=True))
+    live = _raises(lambda: wrong(x), jts.ShardingTypeCheckError)
+    times = interleaved(
+        {
+            "plain": lambda: plain(x).block_until_ready(),
+            "ours": lambda: ours(x).block_until_ready(),
+            "raw": lambda: raw(x).block_until_ready(),
+            "bare": lambda: bare(x).block_until_ready(),
+        },
+        settings,
+    )
+    steady = figure(
+        "4. jit call, Auto mesh",
+        "steady-state call of jaxtyping_shard.jit(checked f) / jax.jit(f), "
+        "block_until_ready",
+        times["ours"],
+        times["plain"],
+        1.02,
+        "1.00 (≤ 1.02)",
+        live=live,
+    )
+    raw_fig = figure(
+        "4. jit call, plain jax.jit",
+        "steady-state call of jax.jit(checked f) / jax.jit(f): the checks' "
+        "inspect_array_sharding stays in the executable",
+        times["raw"],
+        times["plain"],
+        None,
+        "report",
+    )
+    bare_fig = figure(
+        "4. jit call, bare inspect",
+        "steady-state call of jax.jit(f with one bare inspect_array_sharding) / "
+        "jax.jit(f): what any inspect_array_sharding costs per call",
+        times["bare"],
+        times["plain"],
+        None,
+        "report",
+    )
+    return [
+        steady,
+        raw_fig,
+        bare_fig,
+        dict(
+            name="4. HLO custom-calls",
+            what="count of `custom-call(` in jax.jit(checked f).lower(x).compile()",
+            ratio=None,
+            target=0,
+            target_text="0",
+            verdict="PASS" if custom_calls == 0 else "MISS",
+            candidate_text=f"{custom_calls} custom-call",
+            baseline_text="-",
+            custom_calls=custom_calls,
+            check_is_live=live,
+        ),
+    ]
+
+
+# Figures 5 and 6: compile and trace time of 100 checks.
+
+
+def _chain(annotation: Any, bare_inspect: bool) -> Any:
+    def f(x):
+        y = x
+        for _ in range(CHAIN):
+            y = jnp.sin(y)
+            if not isinstance(y, annotation):
+                raise TypeError("check failed at trace time")
+            if bare_inspect:
+                jax.debug.inspect_array_sharding(y, callback=lambda s: None)
+        return y
+
+    return f
+
+
+def _timed(step: Callable[[], Any]) -> float:
+    jax.clear_caches()
+    gc.collect()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def compile_time(settings: Settings) -> list[dict]:
+    mesh = make_mesh("auto")
+    x = place(mesh, P("data", None))
+    ours_ann = sharded(P("data", None))
+
+    def compile_of(annotation: Any, bare: bool) -> Callable[[], float]:
+        return lambda: _timed(
+            lambda: jax.jit(_chain(annotation, bare)).lower(x).compile()
+        )
+
+    def wrong_compile():
+        with jts.sharding_errors():
+            jax.jit(_chain(sharded(P("model", None)), False)).lower(x).compile()
+
+    live = _raises(wrong_compile, jts.ShardingTypeCheckError)
+    times = one_shots(
+        {
+            "plain": compile_of(PLAIN, False),
+            "ours": compile_of(ours_ann, False),
+            "bare": compile_of(PLAIN, True),
+        },
+        settings.one_shot_repeats,
+    )
+    what = f"jax.jit(f).lower(x).compile(), caches cleared, {CHAIN} checks, Auto"
+    return [
+        figure(
+            "5. compile, 100 Auto checks",
+            f"{what}: sharded annotations / plain jaxtyping",
+            times["ours"],
+            times["plain"],
+            1.25,
+            "≤ 1.25",
+            live=live,
+        ),
+        figure(
+            "5. compile, 100 bare inspects",
+            f"{what}: plain + bare inspect_array_sharding / plain",
+            times["bare"],
+            times["plain"],
+            None,
+            "report",
+        ),
+        figure(
+            "5. compile, ours / bare",
+            f"{what}: sharded annotations / plain + bare inspect_array_sharding",
+            times["ours"],
+            times["bare"],
+            1.10,
+            "≤ 1.10",
+            live=live,
+        ),
+    ]
+
+
+def trace_time(settings: Settings) -> dict:
+    mesh = make_mesh("explicit")
+    x = place(mesh, P("data", None))
+
+    def trace_of(annotation: Any) -> Callable[[], float]:
+        return lambda: _timed(lambda: jax.jit(_chain(annotation, False)).trace(x))
+
+    wrong = _chain(sharded(P("model", None)), False)
+    live = _raises(lambda: jax.jit(wrong).trace(x), TypeError)
+    times = one_shots(
+        {"plain": trace_of(PLAIN), "ours": trace_of(sharded(P("data", None)))},
+        settings.one_shot_repeats,
+    )
+    extra = statistics.median(
+        (c - b) / CHAIN for c, b in zip(times["ours"], times["plain"])
+    )
+    return figure(
+        "6. trace, 100 Explicit checks",
+        f"jax.jit(f).trace(x), caches cleared, {CHAIN} checks, Explicit: sharded "
+        "annotations / plain jaxtyping",
+        times["ours"],
+        times["plain"],
+        None,
+        "report",
+        live=live,
+        extra_per_check_s=extra,
+    )
+
+
+def run_all(smoke: bool, progress: TextIO) -> list[dict]:
+    settings = Settings(smoke)
+    assert jax.device_count() >= 8, "run.py forces 8 CPU devices before importing JAX"
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("eager, 1 arg", lambda: eager(1, "check", settings)),
+        ("eager, 8 args", lambda: eager(8, "check", settings)),
+        ("eager, 1 arg, off", lambda: eager(1, "off", settings)),
+        ("eager, 8 args, off", lambda: eager(8, "off", settings)),
+        ("cached verdict", lambda: cache_hit(settings)),
+        ("jit call", lambda: jit_steady(settings)),
+        ("compile time", lambda: compile_time(settings)),
+        ("trace time", lambda: trace_time(settings)),
+    ]
+    figures: list[dict] = []
+    for label, step in steps:
+        start = time.perf_counter()
+        with jts.set_mode("check"):
+            result = step()
+        figures.extend(result if isinstance(result, list) else [result])
+        print(f"  {label}: {time.perf_counter() - start:.1f} s", file=progress)
+    return figures
+
+
+def notes(figures: list[dict]) -> str:
+    lines = []
+    for fig in figures:
+        if "extra_per_check_s" in fig:
+            lines.append(
+                f"{fig['name']}: +{_fmt_s(fig['extra_per_check_s'])} per check"
+            )
+        if "plain_instancecheck_median_s" in fig:
+            lines.append(
+                f"{fig['name']}: plain jaxtyping check "
+                f"{_fmt_s(fig['plain_instancecheck_median_s'])}, floor "
+                f"{fig['baseline_text']}"
+            )
+    return "\n" + "\n".join(lines) if lines else ""
