@@ -123,7 +123,7 @@ def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[frozenset, froze
 def _leaf_key(leaf: Any) -> Any:
     sharding = getattr(leaf, "sharding", None)
     if sharding is not None:
-        return (leaf.shape, leaf.dtype, sharding)
+        return (leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), sharding)
     # Traced values that are not jax.Arrays (NumPy arrays, Python scalars):
     # their value does not change the compiled program, their type and shape do.
     return (type(leaf), getattr(leaf, "shape", None), getattr(leaf, "dtype", None))
@@ -132,6 +132,12 @@ def _leaf_key(leaf: Any) -> Any:
 def _signature(args: tuple, kwargs: dict, static: tuple) -> Any:
     """What a compiled executable depends on, over-approximated; hashable."""
     nums, names = static
+    if not kwargs and not nums:
+        # The common call, f(x, y, ...) on jax.Arrays, without flattening.
+        try:
+            return tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in args])
+        except AttributeError:
+            pass
     key: list[Any] = [len(args), tuple(sorted(kwargs))]
     for i, arg in enumerate(args):
         key.append(("static", arg) if i in nums else _tree_key(arg))
