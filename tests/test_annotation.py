@@ -140,7 +140,7 @@ def test_typeguard_forms_that_do_not_check():
 
 def test_static_checker_file_imports():
     # The pyright target also runs: the three-argument form works at run time.
-    from .types import check_static
+    from .typecheck import check_static
 
     assert callable(check_static.layer)
 

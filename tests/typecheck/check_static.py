@@ -1,4 +1,4 @@
-"""Checked by pyright (`pyright tests/types`): the three-argument form is valid."""
+"""Checked by pyright (`pyright tests/typecheck`): the three-argument form is valid."""
 
 import jax
 from jax.sharding import PartitionSpec as P
