@@ -15,7 +15,7 @@ from jaxtyping import Array
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float, typed_shard_map
 
-from .helpers import make_identity
+from .helpers import make_identity, no_transfers
 
 
 _MESH = {}
@@ -28,8 +28,21 @@ def mesh(kind="explicit"):
     return _MESH[kind]
 
 
+_ARRAYS = {}
+
+
 def arr(spec=P("data"), shape=(8, 4), kind="explicit"):
-    return jax.device_put(jnp.zeros(shape), NamedSharding(mesh(kind), spec))
+    # Made once, before the transfer guard of the test is entered.
+    key = (spec, shape, kind)
+    if key not in _ARRAYS:
+        _ARRAYS[key] = jax.device_put(jnp.zeros(shape), NamedSharding(mesh(kind), spec))
+    return _ARRAYS[key]
+
+
+def single_device():
+    if "single" not in _ARRAYS:
+        _ARRAYS["single"] = jnp.zeros(8)
+    return _ARRAYS["single"]
 
 
 def _isinstance_in_jit(annotation, x):
@@ -159,7 +172,7 @@ ROWS = [
         "no mesh resolvable",
         lambda: make_identity(
             "beartype", Float[Array, "b", P("data")], Float[Array, "..."]
-        )(jnp.zeros(8)),
+        )(single_device()),
         TCE,
         "Type-check error",
     ),
@@ -190,7 +203,10 @@ ROWS = [
 
 @pytest.mark.parametrize("name, thunk, error, fragment", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input(name, thunk, error, fragment):
-    with pytest.raises(error) as info:
+    for shape, kind in [((8, 4), "explicit"), ((8, 4), "auto"), ((8,), "explicit")]:
+        arr(shape=shape, kind=kind)
+    single_device()
+    with no_transfers(), pytest.raises(error) as info:
         thunk()
     assert fragment in str(info.value)
     if error is ASE:
