@@ -74,14 +74,14 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
     def _check_shape(cls, obj, single_memo, variadic_memo, arg_memo) -> str:
         # Inside shard_map a value is a local shard; its dims are checked as the
         # global array they are a piece of (see `_manual`).
+        # In every mode: the annotation's meaning must not change with the mode.
         if isinstance(obj, _Tracer):
-            if state.mode != "off":
-                view = _manual.global_view(cls, obj)
-                if view is not None:
-                    message = _jaxtyping_check_shape(
-                        cls, view, single_memo, variadic_memo, arg_memo
-                    )
-                    return _manual.explain_shape(cls, view, message)
+            view = _manual.global_view(cls, obj)
+            if view is not None:
+                message = _jaxtyping_check_shape(
+                    cls, view, single_memo, variadic_memo, arg_memo
+                )
+                return _manual.explain_shape(cls, view, message)
         return _jaxtyping_check_shape(cls, obj, single_memo, variadic_memo, arg_memo)
 
 

@@ -207,6 +207,15 @@ def _check_tracer(cls: Any, obj: Any) -> str:
 
         return check_manual(cls, obj, aval, mesh, manual)
     actual = _spec.entries_of(sharding.spec) if sharding is not None else ()
+    pending = _spec.pending_axes(sharding.spec) if sharding is not None else ()
+    if pending:
+        return (
+            f"this traced array `{aval.str_short()}` is unreduced over "
+            f"{', '.join(repr(a) for a in sorted(pending))} (a sum is still pending), "
+            f"not laid out as {cls._jts.text} as expected by the type hint (mesh "
+            f"{_mesh.format_mesh(mesh)}). Reduce it first, e.g. with "
+            "`jax.sharding.reshard`."
+        )
     if explicit:
         want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, explicit)
         got = _spec.normalise(actual, ndim, sizes, explicit)
@@ -266,7 +275,7 @@ def schedule_compile_check(cls: Any, obj: Any, aval: Any, mesh: Any) -> None:
             return  # jaxtyped re-checks parameters along with the return value
         # Holding `obj` keeps its id from being reused while the key is here.
         _scheduled[key] = (obj, cls)
-        if len(_scheduled) > 256:
+        if len(_scheduled) > 64:  # spans a jaxtyped call; keeps few tracers alive
             _scheduled.popitem(last=False)
     site = find_site(obj)
     callback = _CompileTimeCheck(cls, aval, mesh, site)
@@ -286,6 +295,7 @@ class _CompileTimeCheck:
         self.cls = cls
         self.shape = tuple(aval.shape)
         self.dtype = aval.dtype
+        self.mesh = mesh
         self.mesh_str = _mesh.format_mesh(mesh)
         self.site = site
 
@@ -301,7 +311,9 @@ class _CompileTimeCheck:
                 self.dtype, self.shape, _spec.entries_of(sharding.spec)
             )
         else:
-            ok = sharding.is_fully_replicated and not cls._jts.axes
+            # Not on a mesh (XLA found no NamedSharding to report): only a spec
+            # that shards nothing on this mesh can describe a replicated value.
+            ok = sharding.is_fully_replicated and _shards_nothing(cls, self.mesh)
             actual = f"{_spec.format_array(self.dtype, self.shape, ())} ({sharding})"
         if ok:
             return

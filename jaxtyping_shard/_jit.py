@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
+from . import _mesh
 from ._check import phase, pop_failure
+from ._config import state
 
 
 _MARKER_RE = re.compile(r"\[jaxtyping_shard #(\d+)\]")
@@ -69,9 +72,12 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     a call on CPU). So for each new input signature (the shapes, dtypes and
     shardings of the array arguments, and the other arguments' values) this
     wrapper compiles the function twice: once with the checks, only to run them,
-    and once without, to run it. Later calls with that signature skip the checks
-    and run at the speed of the unchecked function, plus a look-up of the
-    signature.
+    and once without, to run it. Later calls with that signature (and the same
+    mode and context mesh) skip the checks and run at the speed of the unchecked
+    function, plus a look-up of the signature. The wrapper remembers checked
+    signatures for its lifetime (`jax.clear_caches()` does not reset it; make a
+    new wrapper to check again). Called inside another trace (an outer `jit`,
+    `grad`, `vmap`), it is plain `jax.jit` and its checks join the outer trace.
 
     !!! Example
 
@@ -166,12 +172,26 @@ class _Jitted:
         ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(
+            isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))
+        ):
+            # Inside another trace (jit, grad, vmap): the checks join that trace
+            # and run when the outer function compiles, with its shardings.
+            return self._jitted(*args, **kwargs)
         try:
-            key = _signature(args, kwargs, self._static)
+            key = (
+                state.mode,
+                _mesh.context_mesh(),
+                _signature(args, kwargs, self._static),
+            )
             hash(key)
         except TypeError:  # an unhashable argument: check on every call
             key = _UNHASHABLE
-        if key is _UNHASHABLE or key not in self._checked_signatures:
+        # In mode "off" there is nothing to check: the checked twin is not even
+        # traced, so JAX's trace cache never holds a version of it without checks.
+        if state.mode != "off" and (
+            key is _UNHASHABLE or key not in self._checked_signatures
+        ):
             # Lowering and compiling runs every check (trace time and compile
             # time) before anything runs.
             with sharding_errors():

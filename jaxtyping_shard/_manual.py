@@ -78,12 +78,26 @@ def varying_axes(aval: Any) -> frozenset[str]:
     return frozenset(getattr(aval, "vma", ()))  # JAX releases before 0.9
 
 
+def vma_tracked() -> bool:
+    """Whether JAX tracks varying axes here: `shard_map(..., check_vma=False)`
+    turns it off, and then every value looks invariant.
+
+    Read from JAX's private config state (no public API says it); if it cannot
+    be read, assume tracked.
+    """
+    try:
+        from jax._src.config import _check_vma
+    except ImportError:  # pragma: no cover - another JAX
+        return True
+    return bool(_check_vma.value)
+
+
 def check_manual(cls: Any, obj: Any, aval: Any, mesh: Any, manual: frozenset) -> str:
     sizes = _mesh.sizes(mesh)
     ndim = len(aval.shape)
     want = {a for a in cls._jts.axes if a in manual and sizes[a] > 1}
     varying = {a for a in varying_axes(aval) if sizes.get(a, 1) > 1}
-    if want != varying:
+    if want != varying and vma_tracked():
         missing = sorted(want - varying)
         extra = sorted(varying - want)
         reasons = []

@@ -124,11 +124,11 @@ def typed_shard_map(
     out_specs = _out_specs(out_layouts, manual)
 
     @ft.wraps(fn)
-    def wrapped(*args: Any) -> Any:
-        if len(args) != len(in_layouts):
-            raise TypeError(
-                f"{name} takes {len(in_layouts)} positional arguments, got {len(args)}"
-            )
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        # shard_map takes positional arguments only; keywords are bound to them.
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        args = bound.args
         in_specs = tuple(
             _spec(layout, len(jax.typeof(a).shape), manual)
             for layout, a in zip(in_layouts, args)

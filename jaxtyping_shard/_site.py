@@ -40,7 +40,7 @@ class Site:
         if self.function is not None:
             what += f" of `{self.function}`"
         if self.location is not None:
-            what += f" (traced at {self.location})"
+            what += f" (first traced at {self.location})"
         return what
 
 

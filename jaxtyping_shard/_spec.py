@@ -19,9 +19,13 @@ _SPEC_FORMS = (
 
 
 def entries_of(spec: PartitionSpec) -> Entries:
-    """The spec as a tuple of tuples of axis names (`None` becomes `()`)."""
+    """The spec as a tuple of tuples of axis names (`None` becomes `()`).
+
+    `unreduced` / `reduced` axes are not part of it: see `pending_axes`.
+    """
     out = []
-    for entry in spec:
+    # Iterating a spec with unreduced axes raises; `.partitions` never does.
+    for entry in getattr(spec, "partitions", spec):
         if entry is None:
             out.append(())
         elif isinstance(entry, str):
@@ -93,6 +97,13 @@ def _not_a_spec_message(spec: Any, where: str) -> str:
     return (
         f"{where}: the third argument must be a jax.sharding.PartitionSpec, {got}."
         f"{fix} {_SPEC_FORMS}"
+    )
+
+
+def pending_axes(spec: Any) -> frozenset:
+    """Mesh axes over which a value is `unreduced` or `reduced` (a pending sum)."""
+    return frozenset(getattr(spec, "unreduced", ()) or ()) | frozenset(
+        getattr(spec, "reduced", ()) or ()
     )
 
 

@@ -81,7 +81,9 @@ def test_compile_time_message_first_line(mesh_auto):
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         jts.jit(f)(place(mesh_auto, (8, 4), P("model")))
     first = str(info.value).splitlines()[0]
-    assert first.startswith("argument `x` of `make_identity.<locals>.f` (traced at ")
+    assert first.startswith(
+        "argument `x` of `make_identity.<locals>.f` (first traced at "
+    )
     assert (
         "XLA sharded it as `float32[8@model,4]`, not P('data', None) (`b@data e`)"
         in first
