@@ -6,16 +6,22 @@ on the machine hit both sides alike. The ratio is the median over repeats of
 candidate / baseline of the same repeat.
 """
 
-import gc
 import statistics
 import time
-import timeit
 from collections.abc import Callable
 from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
 import jaxtyping
+from _timing import (  # beside this file; run.py puts it on sys.path
+    figure,
+    fmt_s,
+    interleaved,
+    one_shots,
+    Settings,
+    timed,
+)
 from beartype import beartype
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
@@ -40,14 +46,6 @@ SPECS = (
 CHAIN = 100  # checks per function in the compile and trace figures
 
 
-class Settings:
-    def __init__(self, smoke: bool):
-        self.smoke = smoke
-        self.repeats = 9 if smoke else 101  # timed batches per side
-        self.batch_s = 0.002 if smoke else 0.01  # length of one batch
-        self.one_shot_repeats = 3 if smoke else 21  # compiles / traces per side
-
-
 def make_mesh(kind: str) -> Any:
     axis_type = AxisType.Auto if kind == "auto" else AxisType.Explicit
     return jax.make_mesh((4, 2), AXES, axis_types=(axis_type,) * 2)
@@ -66,103 +64,6 @@ PLAIN = jaxtyping.Float[Array, "b e"]
 
 
 # Timing.
-
-
-def _calibrate(timer: timeit.Timer, batch_s: float) -> int:
-    number = 1
-    while True:
-        took = timer.timeit(number)
-        if took >= batch_s or number >= 1 << 20:
-            return number
-        number = max(number * 2, int(number * batch_s / max(took, 1e-9)))
-
-
-def interleaved(
-    stmts: dict[str, Callable[[], Any]], settings: Settings
-) -> dict[str, list[float]]:
-    """Seconds per call of each statement, one list entry per repeat.
-
-    The first statement is the baseline; the batch size is calibrated on it and
-    used for all, and the order of the statements rotates each repeat.
-    """
-    timers = {name: timeit.Timer(fn) for name, fn in stmts.items()}
-    for timer in timers.values():
-        timer.timeit(3)  # warm up: caches, compiled code, first-call paths
-    number = _calibrate(next(iter(timers.values())), settings.batch_s)
-    names = list(timers)
-    out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(settings.repeats):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            # timeit disables the garbage collector while it runs.
-            out[name].append(timers[name].timeit(number) / number)
-    return out
-
-
-def one_shots(
-    runs: dict[str, Callable[[], float]], repeats: int
-) -> dict[str, list[float]]:
-    """Like `interleaved`, for runs that time themselves once (compile, trace)."""
-    names = list(runs)
-    out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            out[name].append(runs[name]())
-    return out
-
-
-def paired_ratio(candidate: list[float], baseline: list[float]) -> float:
-    return statistics.median(c / b for c, b in zip(candidate, baseline))
-
-
-def _fmt_s(seconds: float) -> str:
-    if seconds >= 0.1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-4:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.3f} µs"
-
-
-def figure(
-    name: str,
-    what: str,
-    candidate: list[float],
-    baseline: list[float],
-    target: float | None,
-    target_text: str,
-    ratio: float | None = None,
-    live: bool = True,
-    **extra: Any,
-) -> dict:
-    if ratio is None:
-        ratio = paired_ratio(candidate, baseline)
-    cand_med = statistics.median(candidate)
-    base_med = statistics.median(baseline)
-    if not live:
-        verdict = "MISS (check not live)"
-    elif target is None:
-        verdict = "report"
-    else:
-        verdict = "PASS" if ratio <= target else "MISS"
-    return dict(
-        name=name,
-        what=what,
-        ratio=round(ratio, 4),
-        target=target,
-        target_text=target_text,
-        verdict=verdict,
-        candidate_median_s=cand_med,
-        baseline_median_s=base_med,
-        candidate_text=_fmt_s(cand_med),
-        baseline_text=_fmt_s(base_med),
-        repeats=len(candidate),
-        check_is_live=live,
-        **extra,
-    )
-
-
-# Figures 1 and 2: eager calls under jaxtyped(typechecker=beartype).
 
 
 def _checked(n_args: int, annotations: list[Any], returns: Any) -> Any:
@@ -255,7 +156,7 @@ def cache_hit(settings: Settings) -> dict:
         live=live,
         plain_instancecheck_median_s=statistics.median(times["plain"]),
     )
-    out["candidate_text"] = f"+{_fmt_s(statistics.median(extra))}"
+    out["candidate_text"] = f"+{fmt_s(statistics.median(extra))}"
     return out
 
 
@@ -361,21 +262,13 @@ def _chain(annotation: Any, bare_inspect: bool) -> Any:
     return f
 
 
-def _timed(step: Callable[[], Any]) -> float:
-    jax.clear_caches()
-    gc.collect()
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
 def compile_time(settings: Settings) -> list[dict]:
     mesh = make_mesh("auto")
     x = place(mesh, P("data", None))
     ours_ann = sharded(P("data", None))
 
     def compile_of(annotation: Any, bare: bool) -> Callable[[], float]:
-        return lambda: _timed(
+        return lambda: timed(
             lambda: jax.jit(_chain(annotation, bare)).lower(x).compile()
         )
 
@@ -428,7 +321,7 @@ def trace_time(settings: Settings) -> dict:
     x = place(mesh, P("data", None))
 
     def trace_of(annotation: Any) -> Callable[[], float]:
-        return lambda: _timed(lambda: jax.jit(_chain(annotation, False)).trace(x))
+        return lambda: timed(lambda: jax.jit(_chain(annotation, False)).trace(x))
 
     wrong = _chain(sharded(P("model", None)), False)
     live = _raises(lambda: jax.jit(wrong).trace(x), TypeError)
@@ -479,13 +372,11 @@ def notes(figures: list[dict]) -> str:
     lines = []
     for fig in figures:
         if "extra_per_check_s" in fig:
-            lines.append(
-                f"{fig['name']}: +{_fmt_s(fig['extra_per_check_s'])} per check"
-            )
+            lines.append(f"{fig['name']}: +{fmt_s(fig['extra_per_check_s'])} per check")
         if "plain_instancecheck_median_s" in fig:
             lines.append(
                 f"{fig['name']}: plain jaxtyping check "
-                f"{_fmt_s(fig['plain_instancecheck_median_s'])}, floor "
+                f"{fmt_s(fig['plain_instancecheck_median_s'])}, floor "
                 f"{fig['baseline_text']}"
             )
     return "\n" + "\n".join(lines) if lines else ""

@@ -1,0 +1,129 @@
+"""Timing for the figures: interleaved batches, paired ratios, one table row.
+
+Every figure is a ratio against a baseline timed in the same process, in
+interleaved batches (the order rotates each repeat), so that drift and other load
+on the machine hit both sides alike. The ratio is the median over repeats of
+candidate / baseline of the same repeat.
+"""
+
+import gc
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+class Settings:
+    def __init__(self, smoke: bool):
+        self.smoke = smoke
+        self.repeats = 9 if smoke else 101  # timed batches per side
+        self.batch_s = 0.002 if smoke else 0.01  # length of one batch
+        self.one_shot_repeats = 3 if smoke else 21  # compiles / traces per side
+
+
+def _calibrate(timer: timeit.Timer, batch_s: float) -> int:
+    number = 1
+    while True:
+        took = timer.timeit(number)
+        if took >= batch_s or number >= 1 << 20:
+            return number
+        number = max(number * 2, int(number * batch_s / max(took, 1e-9)))
+
+
+def interleaved(
+    stmts: dict[str, Callable[[], Any]], settings: Settings
+) -> dict[str, list[float]]:
+    """Seconds per call of each statement, one list entry per repeat.
+
+    The first statement is the baseline; the batch size is calibrated on it and
+    used for all, and the order of the statements rotates each repeat.
+    """
+    timers = {name: timeit.Timer(fn) for name, fn in stmts.items()}
+    for timer in timers.values():
+        timer.timeit(3)  # warm up: caches, compiled code, first-call paths
+    number = _calibrate(next(iter(timers.values())), settings.batch_s)
+    names = list(timers)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(settings.repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            # timeit disables the garbage collector while it runs.
+            out[name].append(timers[name].timeit(number) / number)
+    return out
+
+
+def one_shots(
+    runs: dict[str, Callable[[], float]], repeats: int
+) -> dict[str, list[float]]:
+    """Like `interleaved`, for runs that time themselves once (compile, trace)."""
+    names = list(runs)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            out[name].append(runs[name]())
+    return out
+
+
+def paired_ratio(candidate: list[float], baseline: list[float]) -> float:
+    return statistics.median(c / b for c, b in zip(candidate, baseline))
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 0.1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.3f} µs"
+
+
+def figure(
+    name: str,
+    what: str,
+    candidate: list[float],
+    baseline: list[float],
+    target: float | None,
+    target_text: str,
+    ratio: float | None = None,
+    live: bool = True,
+    **extra: Any,
+) -> dict:
+    if ratio is None:
+        ratio = paired_ratio(candidate, baseline)
+    cand_med = statistics.median(candidate)
+    base_med = statistics.median(baseline)
+    if not live:
+        verdict = "MISS (check not live)"
+    elif target is None:
+        verdict = "report"
+    else:
+        verdict = "PASS" if ratio <= target else "MISS"
+    return dict(
+        name=name,
+        what=what,
+        ratio=round(ratio, 4),
+        target=target,
+        target_text=target_text,
+        verdict=verdict,
+        candidate_median_s=cand_med,
+        baseline_median_s=base_med,
+        candidate_text=fmt_s(cand_med),
+        baseline_text=fmt_s(base_med),
+        repeats=len(candidate),
+        check_is_live=live,
+        **extra,
+    )
+
+
+# Figures 1 and 2: eager calls under jaxtyped(typechecker=beartype).
+
+
+def timed(step: Callable[[], Any]) -> float:
+    jax.clear_caches()
+    gc.collect()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
