@@ -136,14 +136,20 @@ def _leaf_key(leaf: Any) -> Any:
 
 
 def _signature(args: tuple, kwargs: dict, static: tuple) -> Any:
-    """What a compiled executable depends on, over-approximated; hashable."""
+    """What a compiled executable depends on, over-approximated; hashable.
+
+    `None` when an argument is a tracer: the call is inside another trace.
+    """
     nums, names = static
     if not kwargs and not nums:
         # The common call, f(x, y, ...) on jax.Arrays, without flattening.
+        # (Tracers have no `.sharding`, so they take the slow path.)
         try:
             return tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in args])
         except AttributeError:
             pass
+    if any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        return None
     key: list[Any] = [len(args), tuple(sorted(kwargs))]
     for i, arg in enumerate(args):
         key.append(("static", arg) if i in nums else _tree_key(arg))
@@ -172,26 +178,20 @@ class _Jitted:
         ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if any(
-            isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))
-        ):
+        signature = _signature(args, kwargs, self._static)
+        if signature is None:
             # Inside another trace (jit, grad, vmap): the checks join that trace
             # and run when the outer function compiles, with its shardings.
             return self._jitted(*args, **kwargs)
+        mode = state.mode
+        key = (mode, _mesh.context_mesh(), signature)
         try:
-            key = (
-                state.mode,
-                _mesh.context_mesh(),
-                _signature(args, kwargs, self._static),
-            )
-            hash(key)
+            seen = key in self._checked_signatures
         except TypeError:  # an unhashable argument: check on every call
-            key = _UNHASHABLE
+            seen, key = False, _UNHASHABLE
         # In mode "off" there is nothing to check: the checked twin is not even
         # traced, so JAX's trace cache never holds a version of it without checks.
-        if state.mode != "off" and (
-            key is _UNHASHABLE or key not in self._checked_signatures
-        ):
+        if not seen and mode != "off":
             # Lowering and compiling runs every check (trace time and compile
             # time) before anything runs.
             with sharding_errors():

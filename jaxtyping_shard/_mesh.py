@@ -6,6 +6,14 @@ import jax
 from jax.sharding import AxisType
 
 
+# `with mesh:` (deprecated in JAX 0.7+, still common in user code) sets only the
+# private thread-resources environment, which no public API reads back.
+try:
+    from jax._src.mesh import thread_resources as _thread_resources
+except ImportError:  # pragma: no cover - a JAX without it
+    _thread_resources = None
+
+
 def context_mesh() -> Optional[Any]:
     """The mesh set by `jax.set_mesh` (or the older `with mesh:`), else `None`.
 
@@ -18,13 +26,9 @@ def context_mesh() -> Optional[Any]:
 
 
 def _legacy_context_mesh() -> Optional[Any]:
-    # `with mesh:` (deprecated in JAX 0.7+, still common in user code) sets only
-    # the private thread-resources environment, which no public API reads back.
-    try:
-        from jax._src.mesh import thread_resources
-    except ImportError:  # pragma: no cover - a JAX without it
+    if _thread_resources is None:  # pragma: no cover - a JAX without it
         return None
-    mesh = thread_resources.env.physical_mesh
+    mesh = _thread_resources.env.physical_mesh
     return None if mesh.empty else mesh
 
 
