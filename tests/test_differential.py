@@ -113,15 +113,21 @@ _TUPLE1 = ((4, 2), ("data", "model"), (8, 8), P(("data",)), P("data", None))
 _REPL = ((2,), ("data",), (8,), P(), P(None))
 
 
+def _property(slow):
+    """The hypothesis test decorator, with the regression examples."""
+
+    def decorate(run):
+        for case in (_REPL, _TUPLE1, _ORDER, _SIZE1):
+            run = example(case)(run)
+        return _settings(slow)(given(cases())(run))
+
+    return decorate
+
+
 def test_eager(slow):
     truths = []
 
-    @_settings(slow)
-    @given(cases())
-    @example(_SIZE1)
-    @example(_ORDER)
-    @example(_TUPLE1)
-    @example(_REPL)
+    @_property(slow)
     def run(case):
         x, annotation, truth = _setup(case, AxisType.Explicit)
         truths.append(truth)
@@ -134,12 +140,7 @@ def test_eager(slow):
 
 
 def test_jit_explicit(slow):
-    @_settings(slow)
-    @given(cases())
-    @example(_SIZE1)
-    @example(_ORDER)
-    @example(_TUPLE1)
-    @example(_REPL)
+    @_property(slow)
     def run(case):
         x, annotation, truth = _setup(case, AxisType.Explicit)
         seen = []
@@ -156,17 +157,7 @@ def test_jit_explicit(slow):
 
 
 def test_jit_auto(slow):
-    @settings(
-        max_examples=3000 if slow else 300,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-        derandomize=not slow,
-    )
-    @given(cases())
-    @example(_SIZE1)
-    @example(_ORDER)
-    @example(_TUPLE1)
-    @example(_REPL)
+    @_property(slow)
     def run(case):
         x, annotation, truth = _setup(case, AxisType.Auto)
 
