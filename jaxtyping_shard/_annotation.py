@@ -135,7 +135,8 @@ def _wrap(
 def _name(base: Any, plain: str, dim_str: str, spec_arg: Any) -> str:
     # jaxtyping names its class `Float[Array, 'b e']`; ours shows the sharding.
     if not base.__name__.endswith(f"'{plain}']"):  # an extended jaxtyping array
-        return f"{base.__name__[:-1]}, {_spec.format_spec(spec_arg)}]"
+        sharding = dim_str if spec_arg is None else _spec.format_spec(spec_arg)
+        return f"{base.__name__[:-1]}, {sharding}]"
     stem = base.__name__[: -len(f"'{plain}']")]
     if spec_arg is None:
         return f"{stem}'{dim_str}']"

@@ -190,3 +190,11 @@ def test_parse_format_round_trip(case):
     assert (layout.prefix, layout.suffix) == (expected.prefix, expected.suffix)
     # and the annotation accepts it
     assert Float[Array, text]._jts == layout
+
+
+def test_extending_a_jaxtyping_annotation(mesh_explicit):
+    # jaxtyping prepends the new dims; the inline sharding applies to them.
+    A = Float[jaxtyping.Float[Array, "e"], "b@data"]
+    assert "b@data" in A.__name__
+    assert isinstance(place(mesh_explicit, (8, 4), P("data")), A)
+    assert not isinstance(place(mesh_explicit, (8, 4), P(None, "data")), A)
