@@ -29,7 +29,6 @@ from ._errors import ShardingAnnotationError
 # jaxtyping's metaclasses are not exported; take them from public objects.
 _JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
 _JaxtypingDtypeMeta: Any = type(jaxtyping.AbstractDtype)
-_Tracer = Tracer
 _UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 
 
@@ -39,7 +38,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
     def __instancecheck__(cls, obj: Any) -> bool:
         # What `isinstance` (and so beartype's wrappers) calls: kept as shallow as
         # jaxtyping's own, so that a cached pass costs one attribute read.
-        if isinstance(obj, _Tracer):
+        if isinstance(obj, Tracer):
             return cls.__instancecheck_str__(obj) == ""
         if cls._skip_instancecheck:
             return True
@@ -75,7 +74,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         # Inside shard_map a value is a local shard; its dims are checked as the
         # global array they are a piece of (see `_manual`).
         # In every mode: the annotation's meaning must not change with the mode.
-        if isinstance(obj, _Tracer):
+        if isinstance(obj, Tracer):
             view = _manual.global_view(cls, obj)
             if view is not None:
                 message = _jaxtyping_check_shape(

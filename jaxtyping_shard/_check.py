@@ -30,7 +30,6 @@ from ._errors import (
 from ._site import find_site
 
 
-_Tracer = Tracer
 _CACHE_LIMIT = 4096
 _FIX = (
     "If the array is right and the annotation wrong, change the annotation; "
@@ -44,7 +43,7 @@ def check(cls: Any, obj: Any) -> str:
     """Returns "" when `obj`'s sharding matches `cls`'s spec, else the reason."""
     # Tracers first: a tracer's `.sharding` raises an AttributeError whose message
     # walks the whole jaxpr traced so far (O(n) per check, O(n^2) per function).
-    if isinstance(obj, _Tracer):
+    if isinstance(obj, Tracer):
         return _report(_check_tracer(cls, obj))
     sharding = getattr(obj, "sharding", None)
     if sharding is None:
@@ -106,16 +105,20 @@ def _shards_nothing(cls: Any, mesh: Optional[Any]) -> bool:
     return all(sizes.get(a, 1) == 1 for a in cls._jts.axes)
 
 
+def _equivalent(cls: Any, mesh: Any, sharding: Any, ndim: int) -> bool:
+    """JAX's verdict: is `sharding` the annotation's spec on `mesh`?"""
+    expected = NamedSharding(
+        mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
+    )
+    return expected.is_equivalent_to(sharding, ndim)
+
+
 def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
     if _too_long(cls, ndim):
         return False
     if type(sharding) is NamedSharding:
-        mesh = sharding.mesh
-        _check_axes(cls, mesh)
-        expected = NamedSharding(
-            mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
-        )
-        return expected.is_equivalent_to(sharding, ndim)
+        _check_axes(cls, sharding.mesh)
+        return _equivalent(cls, sharding.mesh, sharding, ndim)
     mesh = _mesh.context_mesh()
     if mesh is not None:
         _check_axes(cls, mesh)
@@ -123,10 +126,7 @@ def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
         # One device: only a spec that shards nothing describes it.
         return _shards_nothing(cls, mesh)
     if isinstance(mesh, jax.sharding.Mesh):
-        expected = NamedSharding(
-            mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
-        )
-        return expected.is_equivalent_to(sharding, ndim)
+        return _equivalent(cls, mesh, sharding, ndim)
     return sharding.is_fully_replicated and _shards_nothing(cls, mesh)
 
 
@@ -185,10 +185,8 @@ def _check_tracer(cls: Any, obj: Any) -> str:
     if too_long:
         return too_long
     sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty:
-        mesh = _mesh.context_mesh()
-    if mesh is None or mesh.empty:
+    mesh = _mesh.of_aval(aval)
+    if mesh is None:
         if _shards_nothing(cls, None):
             return ""
         return (
@@ -225,7 +223,7 @@ def _check_tracer(cls: Any, obj: Any) -> str:
                 f"{cls._jts.text} as expected by the type hint (mesh "
                 f"{_mesh.format_mesh(mesh)}; checked at trace time). {_FIX}"
             )
-    if any(sizes[a] > 1 for a in auto) and state.mode != "off":
+    if any(sizes[a] > 1 for a in auto):
         schedule_compile_check(cls, obj, aval, mesh)
     return ""
 
@@ -296,17 +294,13 @@ class _CompileTimeCheck:
         self.shape = tuple(aval.shape)
         self.dtype = aval.dtype
         self.mesh = mesh
-        self.mesh_str = _mesh.format_mesh(mesh)
         self.site = site
 
     def __call__(self, sharding: Any) -> None:
         ndim = len(self.shape)
         cls = self.cls
         if type(sharding) is NamedSharding:
-            expected = NamedSharding(
-                sharding.mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
-            )
-            ok = expected.is_equivalent_to(sharding, ndim)
+            ok = _equivalent(cls, sharding.mesh, sharding, ndim)
             actual = _spec.format_array(
                 self.dtype, self.shape, _spec.entries_of(sharding.spec)
             )
@@ -320,7 +314,8 @@ class _CompileTimeCheck:
         message = (
             f"{self.site.describe()}: XLA sharded it as `{actual}`, not "
             f"{cls._jts.text} as expected by the type hint {cls.__name__} "
-            f"(mesh {self.mesh_str}; checked when the function was compiled). {_FIX}"
+            f"(mesh {_mesh.format_mesh(self.mesh)}; checked when the function was "
+            f"compiled). {_FIX}"
         )
         if state.mode == "warn":
             warnings.warn(message, ShardingWarning, stacklevel=2)

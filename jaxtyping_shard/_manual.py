@@ -16,24 +16,18 @@ from . import _mesh, _spec
 class GlobalView:
     """A stand-in with the global shape, for jaxtyping's shape check."""
 
-    __slots__ = ("shape", "dtype", "local_shape", "mesh", "manual")
+    __slots__ = ("shape", "dtype", "local_shape", "mesh")
 
-    def __init__(self, shape, dtype, local_shape, mesh, manual):
+    def __init__(self, shape, dtype, local_shape, mesh):
         self.shape = shape
         self.dtype = dtype
         self.local_shape = local_shape
         self.mesh = mesh
-        self.manual = manual
 
 
 def _manual_mesh(aval: Any) -> Optional[Any]:
-    sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty:
-        mesh = _mesh.context_mesh()
-    if mesh is None or mesh.empty:
-        return None
-    if AxisType.Manual not in mesh.axis_types:
+    mesh = _mesh.of_aval(aval)
+    if mesh is None or AxisType.Manual not in mesh.axis_types:
         return None
     return mesh
 
@@ -55,7 +49,7 @@ def global_view(cls: Any, obj: Any) -> Optional[GlobalView]:
         for axis in entry:
             if axis in manual:
                 shape[i] *= sizes[axis]
-    return GlobalView(tuple(shape), aval.dtype, local, mesh, manual)
+    return GlobalView(tuple(shape), aval.dtype, local, mesh)
 
 
 def explain_shape(cls: Any, view: GlobalView, message: str) -> str:

@@ -25,6 +25,14 @@ def context_mesh() -> Optional[Any]:
     return _legacy_context_mesh()
 
 
+def of_aval(aval: Any) -> Optional[Any]:
+    """The mesh of a traced value: the one in its type, else the context's."""
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if mesh is None or mesh.empty:
+        mesh = context_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
 def _legacy_context_mesh() -> Optional[Any]:
     if _thread_resources is None:  # pragma: no cover - a JAX without it
         return None
@@ -34,10 +42,6 @@ def _legacy_context_mesh() -> Optional[Any]:
 
 def sizes(mesh: Any) -> dict[str, int]:
     return dict(zip(mesh.axis_names, mesh.axis_sizes))
-
-
-def axis_types(mesh: Any) -> dict[str, Any]:
-    return dict(zip(mesh.axis_names, mesh.axis_types))
 
 
 def names_of_type(mesh: Any, kind: Any) -> frozenset[str]:

@@ -35,7 +35,7 @@ def _collapse_spaces(dim_str: str) -> str:
 
 
 def _is_variadic(dim: str) -> bool:
-    return dim == "..." or dim.lstrip("#?_").startswith("*") or dim.startswith("*")
+    return dim == "..." or dim.lstrip("#?_").startswith("*")
 
 
 def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
