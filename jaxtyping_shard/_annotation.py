@@ -174,7 +174,7 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
             entries = _spec.entries_of(spec_arg)
             text = _spec.format_spec(spec_arg)
             as_inline = _notation.inline_for_spec(plain_dim_str.strip(), entries)
-            if as_inline is not None and entries:
+            if as_inline:
                 text = f"{text} (`{as_inline}`)"
             layout = _spec.Layout(entries, (), text)
         elif inline is not None:

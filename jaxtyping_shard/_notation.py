@@ -2,14 +2,16 @@
 
 `"batch@data seq heads@model"` shards `batch` over mesh axis `data` and `heads` over
 `model`; `"batch@(data,fsdp) embed"` splits `batch` over both axes, in that order,
-as JAX prints `8@(data,fsdp)`. Dims after a variadic dim (`"*lead seq@model"`) are
-counted from the end, so the spec follows the actual rank.
+as JAX prints `8@(data,fsdp)`. `"batch@() embed"` is "sharded over no mesh axis":
+the whole array is checked and must be replicated (a dim string without any `@`
+is plain jaxtyping, whose sharding is not checked). Dims after a variadic dim
+(`"*lead seq@model"`) are counted from the end, so the spec follows the actual rank.
 
 The grammar, per whitespace-separated dim:
 
     dim        := jaxtyping-dim [ "@" axes ]
-    axes       := axis | "(" axis { "," axis } ")"
-    axis       := a Python identifier (a mesh axis name)
+    axes       := axis | "(" axis { "," axis } ")" | "()"
+    axis       := a Python identifier (a mesh axis name), not `None`
 
 Spaces inside `@( ... )` are allowed and ignored. Nothing is ever `eval`ed here.
 """
@@ -25,9 +27,11 @@ _AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PARENS = re.compile(r"@\(([^()]*)\)")
 _FORMS = (
     "Accepted forms: `name@axis` (e.g. `batch@data`) and `name@(a,b)` (e.g. "
-    "`batch@(data,fsdp)`), on any dim but a variadic one (`*name`, `...`); a mesh "
-    "axis is a Python identifier and shards at most one dim."
+    "`batch@(data,fsdp)`), on any dim but a variadic one (`*name`, `...`), and "
+    "`name@()` (not sharded, on purpose: checks that the array is replicated); a "
+    "mesh axis is a Python identifier and shards at most one dim."
 )
+_REPLICATED = "()"
 
 
 def _collapse_spaces(dim_str: str) -> str:
@@ -53,7 +57,7 @@ def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
             raise bad("opens `(` without closing it")
         inner = axes[1:-1]
         if inner == "":
-            raise bad("has no mesh axis inside `@()`")
+            return ()  # `name@()`: sharded over no mesh axis
         names = tuple(inner.split(","))
         if names[-1] == "":
             raise bad(
@@ -65,6 +69,13 @@ def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
             raise bad("has `)` or `,` outside `@( ... )`")
         names = (axes,)
     for name in names:
+        if name == "None":
+            raise bad(
+                "names a mesh axis called 'None'. A dim that is not sharded is "
+                "written without `@` when another dim carries a sharding (`batch@data "
+                "embed`), or as `name@()` (e.g. `embed@()`) to check that the whole "
+                "array is replicated"
+            )
         if not _AXIS.match(name):
             raise bad(f"names mesh axis {name!r}, which is not a Python identifier")
     if len(set(names)) != len(names):
@@ -93,7 +104,7 @@ def parse_dims(dim_str: str, where: str) -> tuple[str, Optional[_spec.Layout]]:
                 f"{_FORMS}"
             )
         if _is_variadic(dim):
-            if at:
+            if at and axes != _REPLICATED:
                 raise ShardingAnnotationError(
                     f"{where}: `{token}` shards a variadic dim, whose rank is not "
                     "known; shard the dims around it instead, e.g. "
@@ -126,7 +137,13 @@ def format_inline(
     suffix: _spec.Entries,
     variadic_at: Optional[int],
 ) -> str:
-    """The inverse of `parse_dims`: dims and entries back to `"batch@data seq"`."""
+    """The inverse of `parse_dims`: dims and entries back to `"batch@data seq"`.
+
+    A layout that shards nothing is written `"batch@() seq"`: without an `@` the
+    dim string would be plain jaxtyping, whose sharding is not checked.
+    """
+    if dims and not any(prefix) and not any(suffix):
+        return " ".join([dims[0] + "@" + _REPLICATED, *dims[1:]])
     out = []
     for index, dim in enumerate(dims):
         if variadic_at is None or index < variadic_at:

@@ -124,7 +124,7 @@ ROWS = [
     ("inline no dim", lambda: Float[Array, "@data e"], ASE, "no dim before `@`"),
     ("inline unclosed", lambda: Float[Array, "b@(data e"], ASE, "without closing"),
     ("inline double @", lambda: Float[Array, "b@data@model"], ASE, "`@` twice"),
-    ("inline empty tuple", lambda: Float[Array, "b@()"], ASE, "no mesh axis inside"),
+    ("inline axis None", lambda: Float[Array, "b@None"], ASE, "axis called 'None'"),
     (
         "inline trailing comma",
         lambda: Float[Array, "b@(data,)"],

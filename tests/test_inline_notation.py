@@ -27,7 +27,11 @@ from .test_eager import MATCHES, MISMATCHES
         ("_@data e", P("data")),  # anonymous
         ("#b@data e", P("data")),  # broadcastable
         ("b=8@data e", P("data")),  # name=size
-        ("b e", None),
+        ("b@() e", P()),  # replicated, on purpose
+        ("b e@()", P()),
+        ("b@( ) e", P()),
+        ("b@data e@()", P("data")),
+        ("b e", None),  # no `@`: plain jaxtyping, sharding unchecked
     ],
 )
 def test_inline_means_the_spec(dims, spec, mesh_4x2):
@@ -66,6 +70,34 @@ def test_dims_after_variadic(mesh_explicit):
     assert not isinstance(place(mesh_explicit, (8, 4, 4), P("data", "model")), B)
 
 
+def test_replicated_on_purpose(checker, mesh_explicit):
+    A = Float[Array, "batch@() embed"]
+    assert A._jts == Float[Array, "batch embed", P()]._jts
+    assert Float[Array, "batch embed", P()]._jts.text == "P() (`batch@() embed`)"
+    f = make_identity(checker, A, A)
+    x = place(mesh_explicit, (8, 4), P())
+    assert f(x) is x
+    with pytest.raises(CHECK_ERRORS):
+        f(place(mesh_explicit, (8, 4), P("data")))
+    # the plain dim string checks no sharding at all
+    assert isinstance(place(mesh_explicit, (8, 4), P("data")), Float[Array, "b e"])
+    # replicated needs no rank, so a variadic dim may say it
+    V = Float[Array, "*lead@()"]
+    assert isinstance(place(mesh_explicit, (2, 4, 8), P()), V)
+    assert not isinstance(place(mesh_explicit, (2, 4, 8), P(None, "model")), V)
+
+
+def test_axis_named_none_is_refused_when_written():
+    with pytest.raises(jts.ShardingAnnotationError) as info:
+        Float[Array, "batch embed@None"]
+    assert str(info.value).startswith(
+        "Float[..., 'batch embed@None', ...]: `embed@None` names a mesh axis called "
+        "'None'. A dim that is not sharded is written without `@` when another dim "
+        "carries a sharding (`batch@data embed`), or as `name@()` (e.g. `embed@()`) "
+        "to check that the whole array is replicated."
+    )
+
+
 def test_inline_under_checkers(checker, mesh_explicit):
     A = Float[Array, "batch@data embed"]
     f = make_identity(checker, A, A)
@@ -88,7 +120,8 @@ BAD = [
     ("@data e", "has no dim before `@`"),
     ("b@(data e", "opens `(` without closing it"),
     ("b@data@model e", "has `@` twice"),
-    ("b@() e", "has no mesh axis inside `@()`"),
+    ("b@None e", "names a mesh axis called 'None'"),
+    ("b@(data,None) e", "names a mesh axis called 'None'"),
     ("b@(data,) e", "ends its axis tuple with a comma"),
     ("b@data e@data", "mesh axis 'data' shards both `b@data` and `e@data`"),
     ("b@(data,data) e", "names the same mesh axis twice"),
@@ -183,9 +216,7 @@ def test_parse_format_round_trip(case):
     text = format_inline(dims, prefix, suffix, variadic_at)
     plain, layout = parse_dims(text, "test")
     assert plain == " ".join(dims)
-    if layout is None:
-        assert not any(prefix) and not any(suffix)
-        return
+    assert layout is not None  # a layout that shards nothing is written `@()`
     expected = jts._spec.Layout(prefix, suffix, "")  # normalised the same way
     assert (layout.prefix, layout.suffix) == (expected.prefix, expected.suffix)
     # and the annotation accepts it
