@@ -7,6 +7,7 @@ does, and the sharding too: on concrete arrays, inside `jit` and inside `shard_m
 import importlib.metadata
 import typing
 
+from ._bridge import sharding_of as sharding_of, spec_of as spec_of
 from ._config import get_mode as get_mode, set_mode as set_mode
 from ._errors import (
     ShardingAnnotationError as ShardingAnnotationError,
@@ -15,6 +16,7 @@ from ._errors import (
 )
 from ._jit import jit as jit, sharding_errors as sharding_errors
 from ._shard_map import typed_shard_map as typed_shard_map
+from ._shardings import shardings as shardings
 from ._spec import format_spec as format_spec
 
 

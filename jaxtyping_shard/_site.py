@@ -4,8 +4,11 @@ Only used on slow paths (a failure, or scheduling a compile-time check), so it m
 walk the stack.
 """
 
+import contextlib
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -33,6 +36,8 @@ class Site:
     def describe(self) -> str:
         if self.is_return:
             what = "the return value"
+            if self.argument is not None:  # a leaf of it, by key path
+                what += f" `{self.argument}`"
         elif self.argument is not None:
             what = f"argument `{self.argument}`"
         else:
@@ -44,10 +49,32 @@ class Site:
         return what
 
 
+class _Naming(threading.local):
+    # Set by the tree checks: which function and key path a leaf is checked as.
+    current: Optional[tuple[Optional[str], str, bool]] = None
+
+
+_naming = _Naming()
+
+
+@contextlib.contextmanager
+def naming(function: Optional[str], path: str, is_return: bool) -> Iterator[None]:
+    """Names the value checked in this block (a leaf of a tree, by key path)."""
+    previous = _naming.current
+    _naming.current = (function, path, is_return)
+    try:
+        yield
+    finally:
+        _naming.current = previous
+
+
 def find_site(obj: Any) -> Site:
     """Finds the function and argument that `obj` is being checked as."""
     function = argument = location = None
     is_return = False
+    if _naming.current is not None:
+        function, argument, is_return = _naming.current
+        function = function or "check_tree"
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
