@@ -18,7 +18,7 @@ import jax  # noqa: E402
 import jaxtyping  # noqa: E402
 import numpy as np  # noqa: E402
 from beartype import beartype  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 from jaxtyping import Array, jaxtyped  # noqa: E402
 
 from jaxtyping_shard import Float, typed_shard_map  # noqa: E402
@@ -54,7 +54,7 @@ def make_mlp(mesh, forget_psum: bool = False):
 
 
 def main() -> int:
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     key1, key2, key3 = jax.random.split(jax.random.key(0), 3)
     x = jax.device_put(jax.random.normal(key1, (16, 8)), NamedSharding(mesh, P("data")))
     w1 = jax.device_put(

@@ -40,7 +40,8 @@ def _reason(error: BaseException) -> str:
 def main() -> int:
     devices = jax.devices()
     print(f"JAX {jax.__version__}, {len(devices)} devices: {devices[0].platform}")
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    # Axis types explicit: jax.make_mesh's default changed in 0.9 (Auto before).
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("data", None)))
     w = jax.device_put(jnp.ones((16, 32)), NamedSharding(mesh, P(None, "model")))
 

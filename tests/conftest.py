@@ -29,3 +29,11 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def slow(request):
     return request.config.getoption("--slow")
+
+
+def pytest_collection_modifyitems(items):
+    # The property tests (those whose example count the `slow` fixture sets) take
+    # most of the run: marked `slow`, so `pytest -m "not slow"` gives a quick look.
+    for item in items:
+        if "slow" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
