@@ -14,6 +14,7 @@ from ._errors import (
     ShardingTypeCheckError as ShardingTypeCheckError,
     ShardingWarning as ShardingWarning,
 )
+from ._jaxtyped import jaxtyped as jaxtyped
 from ._jit import jit as jit, sharding_errors as sharding_errors
 from ._shard_map import typed_shard_map as typed_shard_map
 from ._shardings import shardings as shardings
@@ -94,6 +95,11 @@ else:
         UInt32 as UInt32,
         UInt64 as UInt64,
     )
+
+from ._typeguard import register as _register_with_typeguard
+
+
+_register_with_typeguard()
 
 try:
     __version__ = importlib.metadata.version("jaxtyping-shard")

@@ -20,7 +20,7 @@ from jax.core import Tracer
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from . import _manual, _notation, _spec
+from . import _manual, _notation, _spec, _typeguard
 from ._check import check
 from ._config import state
 from ._errors import ShardingAnnotationError
@@ -146,6 +146,7 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
     """Metaclass of `Float`, `Int`, ...: accepts an optional third argument."""
 
     def __getitem__(cls, item: Any) -> Any:
+        _typeguard.register_once()
         if not isinstance(item, tuple) or len(item) < 2:
             # jaxtyping's own error: "type annotations must now include both..."
             return super().__getitem__(item)

@@ -27,7 +27,8 @@ from ._errors import (
     ShardingTypeCheckError,
     ShardingWarning,
 )
-from ._site import find_site
+from ._report import report
+from ._site import find_site, how_traced
 
 
 _CACHE_LIMIT = 4096
@@ -44,10 +45,10 @@ def check(cls: Any, obj: Any) -> str:
     # Tracers first: a tracer's `.sharding` raises an AttributeError whose message
     # walks the whole jaxpr traced so far (O(n) per check, O(n^2) per function).
     if isinstance(obj, Tracer):
-        return _report(_check_tracer(cls, obj))
+        return _report(_check_tracer(cls, obj), cls, obj)
     sharding = getattr(obj, "sharding", None)
     if sharding is None:
-        return _report(_check_unsharded(cls, obj))
+        return _report(_check_unsharded(cls, obj), cls, obj)
     cache = cls._jts_verdicts
     if type(sharding) is NamedSharding:
         key = sharding if cls._jts_rank_fixed else (sharding, len(obj.shape))
@@ -63,14 +64,11 @@ def check(cls: Any, obj: Any) -> str:
         if type(sharding) is NamedSharding and cls._jts_rank_fixed:
             cls._jts_last = sharding  # see _MetaShardedArray.__instancecheck_str__
         return ""
-    return _report(_eager_message(cls, obj, sharding))
+    return _report(_eager_message(cls, obj, sharding), cls, obj)
 
 
-def _report(message: str) -> str:
-    if message and state.mode == "warn":
-        warnings.warn(message, ShardingWarning, stacklevel=4)
-        return ""
-    return message
+def _report(message: str, cls: Any, obj: Any) -> str:
+    return report(message, cls, obj, state.mode) if message else ""
 
 
 def _check_axes(cls: Any, mesh: Any) -> None:
@@ -178,6 +176,23 @@ def _check_unsharded(cls: Any, obj: Any) -> str:
     )
 
 
+_NOUNS = {
+    "traced": "this traced {}",
+    "differentiated": "this {}, differentiated by `grad`/`jvp`/`vjp` outside `jit`,",
+    "vmapped": "this {}, batched by `vmap` outside `jit`,",
+    "transformed": "this {}, inside a JAX transformation outside `jit`,",
+}
+
+
+def _noun(obj: Any, what: str = "array") -> str:
+    """"this traced array" under `jit`; what else it is under `grad` or `vmap`."""
+    return _NOUNS[how_traced(obj)].format(what)
+
+
+def _when(obj: Any) -> str:
+    return "; checked at trace time" if how_traced(obj) == "traced" else ""
+
+
 def _check_tracer(cls: Any, obj: Any) -> str:
     aval = jax.typeof(obj)
     ndim = len(aval.shape)
@@ -190,8 +205,8 @@ def _check_tracer(cls: Any, obj: Any) -> str:
         if _shards_nothing(cls, None):
             return ""
         return (
-            f"this traced value `{aval.str_short()}` has no mesh (none in its type, "
-            f"none set with `jax.set_mesh`), so it cannot be sharded as "
+            f"{_noun(obj, 'value')} `{aval.str_short()}` has no mesh (none in its "
+            "type, none set with `jax.set_mesh`), so it cannot be sharded as "
             f"{cls._jts.text} as expected by the type hint. Pass arrays placed "
             "on a mesh, or call under `jax.set_mesh(mesh)`."
         )
@@ -208,7 +223,7 @@ def _check_tracer(cls: Any, obj: Any) -> str:
     pending = _spec.pending_axes(sharding.spec) if sharding is not None else ()
     if pending:
         return (
-            f"this traced array `{aval.str_short()}` is unreduced over "
+            f"{_noun(obj)} `{aval.str_short()}` is unreduced over "
             f"{', '.join(repr(a) for a in sorted(pending))} (a sum is still pending), "
             f"not laid out as {cls._jts.text} as expected by the type hint (mesh "
             f"{_mesh.format_mesh(mesh)}). Reduce it first, e.g. with "
@@ -219,9 +234,9 @@ def _check_tracer(cls: Any, obj: Any) -> str:
         got = _spec.normalise(actual, ndim, sizes, explicit)
         if want != got:
             return (
-                f"this traced array is sharded as `{aval.str_short()}`, not "
+                f"{_noun(obj)} is sharded as `{aval.str_short()}`, not "
                 f"{cls._jts.text} as expected by the type hint (mesh "
-                f"{_mesh.format_mesh(mesh)}; checked at trace time). {_FIX}"
+                f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
             )
     if any(sizes[a] > 1 for a in auto):
         schedule_compile_check(cls, obj, aval, mesh)

@@ -1,4 +1,4 @@
-"""Where a check happens: which function, which argument, which line.
+"""Where a check happens: which function, which argument (and key path), which line.
 
 Only used on slow paths (a failure, or scheduling a compile-time check), so it may
 walk the stack.
@@ -32,21 +32,44 @@ class Site:
     argument: Optional[str]  # parameter name, or None
     is_return: bool
     location: Optional[str]  # "file.py:12", the user code that made the call
+    path: str = ""  # `jax.tree_util.keystr` of the value inside its argument
 
-    def describe(self) -> str:
+    def describe(self, location: bool = True) -> str:
+        """`argument `params['w']` of `f` (first traced at train.py:12)`."""
         if self.is_return:
-            what = "the return value"
-            if self.argument is not None:  # a leaf of it, by key path
-                what += f" `{self.argument}`"
+            if self.path:
+                what = f"leaf `{self.path}` of the return value"
+            elif self.argument is not None:  # a leaf of it, named by a tree check
+                what = f"the return value `{self.argument}`"
+            else:
+                what = "the return value"
         elif self.argument is not None:
-            what = f"argument `{self.argument}`"
+            what = f"argument `{self.argument}{self.path}`"
         else:
             what = "a value"
         if self.function is not None:
             what += f" of `{self.function}`"
-        if self.location is not None:
+        if location and self.location is not None:
             what += f" (first traced at {self.location})"
         return what
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether a frame's file belongs to this library, jaxtyping, a checker or JAX."""
+    if filename.startswith("<"):
+        return True
+    # The demo is this package's own user code: its lines are the ones to show.
+    return filename.startswith(_SKIP_DIRS) and not filename.endswith(_DEMO)
+
+
+_DEMO = os.sep + "demo.py"
+
+
+def user_frame(frame: Any) -> Any:
+    """The first frame, from `frame` outwards, that is not library code, or None."""
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
 
 
 class _Naming(threading.local):
@@ -69,8 +92,9 @@ def naming(function: Optional[str], path: str, is_return: bool) -> Iterator[None
 
 
 def find_site(obj: Any) -> Site:
-    """Finds the function and argument that `obj` is being checked as."""
+    """Finds the function, argument and key path that `obj` is being checked as."""
     function = argument = location = None
+    path = ""
     is_return = False
     if _naming.current is not None:
         function, argument, is_return = _naming.current
@@ -86,21 +110,16 @@ def find_site(obj: Any) -> Site:
             else:
                 found = None
             if found is not None:
-                function, argument, is_return = found
-        filename = code.co_filename
-        if (
-            location is None
-            and not filename.startswith(_SKIP_DIRS)
-            and not filename.startswith("<")
-        ):
-            location = f"{os.path.basename(filename)}:{frame.f_lineno}"
+                function, argument, is_return, path = found
+        if location is None and not is_library_file(code.co_filename):
+            location = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
         if function is not None and location is not None:
             break
         frame = frame.f_back
-    return Site(function, argument, is_return, location)
+    return Site(function, argument, is_return, location, path)
 
 
-def _from_jaxtyped_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool]]:
+def _from_jaxtyped_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool, str]]:
     # jaxtyping's `jaxtyped` checks parameters, then the return value, from a
     # frame of `wrapped_fn_impl(args, kwargs, bound, memos)` whose local `fn` is the
     # user's function. No public API names the argument being checked, so this is
@@ -111,18 +130,21 @@ def _from_jaxtyped_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool]
     if fn is None or bound is None:
         return None
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
-    if "out" in f_locals and _contains(f_locals["out"], obj):
-        return name, None, True
+    if "out" in f_locals:
+        path = path_in(f_locals["out"], obj)
+        if path is not None:
+            return name, None, True, path
     for arg_name, value in bound.arguments.items():
-        if _contains(value, obj):
-            return name, arg_name, False
-    return name, None, False
+        path = path_in(value, obj)
+        if path is not None:
+            return name, arg_name, False, path
+    return name, None, False, ""
 
 
 _TYPEGUARD_FRAMES = ("check_argument_types_internal", "check_return_type_internal")
 
 
-def _from_typeguard_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool]]:
+def _from_typeguard_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool, str]]:
     # typeguard's instrumented functions call these helpers with the function's
     # name and its arguments as `{name: (value, annotation)}`.
     f_locals = frame.f_locals
@@ -130,19 +152,55 @@ def _from_typeguard_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool
     if not isinstance(name, str):
         return None
     if frame.f_code.co_name == "check_return_type_internal":
-        return name, None, True
+        return name, None, True, path_in(f_locals.get("retval"), obj) or ""
     for arg_name, pair in (f_locals.get("arguments") or {}).items():
-        if isinstance(pair, tuple) and pair and _contains(pair[0], obj):
-            return name, arg_name, False
-    return name, None, False
+        if isinstance(pair, tuple) and pair:
+            path = path_in(pair[0], obj)
+            if path is not None:
+                return name, arg_name, False, path
+    return name, None, False, ""
 
 
-def _contains(tree: Any, obj: Any) -> bool:
+def path_in(tree: Any, obj: Any) -> Optional[str]:
+    """`obj`'s key path inside `tree` (`"['layers'][0].w"`), "" for `tree` itself.
+
+    None when `obj` is not a leaf of `tree`.
+    """
     if tree is obj:
-        return True
+        return ""
     try:
         import jax
 
-        return any(leaf is obj for leaf in jax.tree_util.tree_leaves(tree))
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     except Exception:
-        return False
+        return None
+    for key_path, leaf in leaves:
+        if leaf is obj:
+            return jax.tree_util.keystr(key_path)
+    return None
+
+
+def how_traced(obj: Any) -> str:
+    """What is tracing `obj`, in words for a message: "traced" under `jit` (or any
+    staging: `jax.jit(...).trace`, `eval_shape`), else the transformation that made
+    a tracer of a concrete value (`grad` with no `jit`, `vmap`, ...).
+
+    No public API says which transformations a tracer belongs to; this reads the
+    names of the tracer's trace and its parents (JAX internals: `DynamicJaxprTrace`,
+    `JVPTrace`, `LinearizeTrace`, `BatchTrace`, and their `parent_trace`), only to
+    word a message.
+    """
+    kinds = []
+    trace = getattr(obj, "_trace", None)
+    for _ in range(64):  # bounded: traces nest only as deep as transformations
+        if trace is None:
+            break
+        kinds.append(type(trace).__name__)
+        trace = getattr(trace, "parent_trace", None)
+    if "DynamicJaxprTrace" in kinds:
+        return "traced"
+    if "JVPTrace" in kinds or "LinearizeTrace" in kinds:
+        return "differentiated"
+    if "BatchTrace" in kinds:
+        return "vmapped"
+    return "transformed"
