@@ -52,14 +52,14 @@ _warned_lock = threading.Lock()
 
 
 def _first_warning(obj: Any, cls: Any, site: Site) -> bool:
-    """Whether `obj` has not yet been warned about against `cls` at `site`.
+    """Whether `obj` has not yet been warned about against `cls` in `site`'s function.
 
     `jaxtyped` checks each parameter twice (before the call, and again with the
-    return value); one value failing one annotation at one argument warns once.
-    Arrays are held by weak reference, so remembering them keeps no device memory
-    alive.
+    return value, when a parameter returned as is looks like the return value);
+    one value failing one annotation in one function warns once. Arrays are held by
+    weak reference, so remembering them keeps no device memory alive.
     """
-    key = (id(obj), id(cls), site.function, site.argument, site.is_return, site.path)
+    key = (id(obj), id(cls), site.function)
     with _warned_lock:
         held = _warned.get(key)
         if held is not None:

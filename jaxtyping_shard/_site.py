@@ -13,17 +13,19 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-_SKIP_DIRS = tuple(
-    os.path.dirname(str(m.__file__)) + os.sep
-    for m in (
-        sys.modules[__name__.rpartition(".")[0]],
-        sys.modules.get("jaxtyping"),
-        sys.modules.get("beartype"),
-        sys.modules.get("typeguard"),
-        sys.modules.get("jax"),
+_LIBRARIES = ("jaxtyping", "beartype", "typeguard", "jax", "equinox")
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    # Read at each use: a checker may be imported after jaxtyping_shard.
+    return tuple(
+        os.path.dirname(str(m.__file__)) + os.sep
+        for m in (
+            sys.modules[__name__.rpartition(".")[0]],
+            *(sys.modules.get(name) for name in _LIBRARIES),
+        )
+        if m is not None and getattr(m, "__file__", None)
     )
-    if m is not None and getattr(m, "__file__", None)
-)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def is_library_file(filename: str) -> bool:
     if filename.startswith("<"):
         return True
     # The demo is this package's own user code: its lines are the ones to show.
-    return filename.startswith(_SKIP_DIRS) and not filename.endswith(_DEMO)
+    return filename.startswith(_skip_dirs()) and not filename.endswith(_DEMO)
 
 
 _DEMO = os.sep + "demo.py"
