@@ -4,8 +4,11 @@ import jax
 import jax.numpy as jnp
 import jaxtyping
 import pytest
+import typeguard
+from beartype import beartype
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array
+from jaxtyping import Array, jaxtyped, PyTree
+from typeguard import typechecked
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
@@ -124,3 +127,122 @@ def test_format_spec():
     assert jts.format_spec(P("data", None)) == "P('data', None)"
     assert jts.format_spec(P(("x", "y"))) == "P(('x', 'y'),)"
     assert jts.format_spec(P()) == "P()"
+
+
+# Full texts, pinned as jaxtyping's own test_messages does. `ARRAY` is how
+# jaxtyping names `jax.Array` (its module moves between jax versions).
+ARRAY = jaxtyping.Float[Array, "x"].__name__.removeprefix("Float[")[: -len(", 'x']")]
+FIX = (
+    "If the array is right and the annotation wrong, change the annotation; "
+    "otherwise place the array with `jax.device_put(x, NamedSharding(mesh, spec))` "
+    "or, inside `jit`, `jax.sharding.reshard` / `jax.lax.with_sharding_constraint`."
+)
+HINT = f"jaxtyping_shard.Float[{ARRAY}, 'batch embed', P('data', None)]"
+Batch = Float[Array, "batch embed", P("data", None)]
+
+
+@jts.jaxtyped(typechecker=beartype)
+def scale(x: Batch) -> Batch:
+    return x
+
+
+@jts.jaxtyped(typechecker=beartype)
+def unplace(x: Float[Array, "batch embed"]) -> Batch:
+    return x
+
+
+@jts.jaxtyped(typechecker=beartype)
+def step(params: PyTree[Batch]) -> None:
+    return None
+
+
+def test_full_text_parameter(mesh_explicit):
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        scale(place(mesh_explicit, (8, 4), P("model")))
+    assert str(info.value) == (
+        "argument `x` of `scale`: this array is sharded as `float32[8@model,4]`, not "
+        "P('data', None) (`batch@data embed`) as expected by the type hint (mesh "
+        f"('data': 4, 'model': 2)). {FIX}\n"
+        "Type-check error whilst checking the parameters of "
+        "tests.test_messages.scale.\n"
+        "The problem arose whilst typechecking parameter 'x'.\n"
+        "Actual value: f32[8,4]\n"
+        f"Expected type: <class '{HINT}'>.\n"
+        "----------------------\n"
+        "Called with parameters: {'x': f32[8,4]}\n"
+        f"Parameter annotations: (x: {HINT}) -> Any.\n"
+        "The current values for each jaxtyping axis annotation are as follows.\n"
+        "batch=8\n"
+        "embed=4"
+    )
+
+
+def test_full_text_return(mesh_explicit):
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        unplace(place(mesh_explicit, (8, 4), P(None, "model")))
+    assert str(info.value) == (
+        "the return value of `unplace`: this array is sharded as "
+        "`float32[8,4@model]`, not P('data', None) (`batch@data embed`) as expected "
+        f"by the type hint (mesh ('data': 4, 'model': 2)). {FIX}\n"
+        "Type-check error whilst checking the return value of "
+        "tests.test_messages.unplace.\n"
+        "Actual value: f32[8,4]\n"
+        f"Expected type: {HINT}.\n"
+        "----------------------\n"
+        "Called with parameters: {'x': f32[8,4]}\n"
+        f"Parameter annotations: (x: Float[{ARRAY}, 'batch embed']) -> Any.\n"
+        "The current values for each jaxtyping axis annotation are as follows.\n"
+        "batch=8\n"
+        "embed=4"
+    )
+
+
+def test_full_text_pytree_leaf(mesh_explicit):
+    good = place(mesh_explicit, (8, 4), P("data"))
+    bad = place(mesh_explicit, (8, 4), P())
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        step({"layers": [{"w_in": good}, {"w_in": bad}]})
+    assert str(info.value) == (
+        "argument `params['layers'][1]['w_in']` of `step`: this array is sharded as "
+        "`float32[8,4]`, not P('data', None) (`batch@data embed`) as expected by the "
+        f"type hint (mesh ('data': 4, 'model': 2)). {FIX}\n"
+        "Type-check error whilst checking the parameters of tests.test_messages.step.\n"
+        "The problem arose whilst typechecking parameter 'params'.\n"
+        "Actual value: {'layers': [{'w_in': f32[8,4]}, {'w_in': f32[8,4]}]}\n"
+        f"Expected type: <class 'PyTree[{HINT}]'>.\n"
+        "----------------------\n"
+        "Called with parameters: {'params': {'layers': [{'w_in': f32[8,4]}, "
+        "{'w_in': f32[8,4]}]}}\n"
+        f"Parameter annotations: (params: PyTree[{HINT}]) -> Any.\n"
+        "The current values for each jaxtyping axis annotation are as follows.\n"
+        "batch=8\n"
+        "embed=4"
+    )
+
+
+def test_full_text_typeguard(mesh_explicit):
+    @jaxtyped(typechecker=None)
+    @typechecked
+    def add(x: Batch) -> Batch:
+        return x
+
+    with pytest.raises(typeguard.TypeCheckError) as info:
+        add(place(mesh_explicit, (8, 4), P("model")))
+    assert str(info.value) == (
+        f'argument "x" ({type(place(mesh_explicit, (8,), P())).__module__}.ArrayImpl) '
+        f"is not an instance of {HINT}, as this array is sharded as "
+        "`float32[8@model,4]`, not P('data', None) (`batch@data embed`) as expected "
+        f"by the type hint (mesh ('data': 4, 'model': 2)). {FIX}"
+    )
+
+
+def test_full_text_warn_mode(mesh_explicit):
+    x = place(mesh_explicit, (8, 4), P("model"))
+    with jts.set_mode("warn"), pytest.warns(jts.ShardingWarning) as caught:
+        scale(x)
+    assert [str(w.message) for w in caught] == [
+        "argument `x` of `scale`: this array is sharded as `float32[8@model,4]`, not "
+        "P('data', None) (`batch@data embed`) as expected by the type hint (mesh "
+        f"('data': 4, 'model': 2)). {FIX}",
+    ]  # `x`, returned as is, fails the same annotation again: warned once
+    assert caught[0].filename == __file__
