@@ -20,10 +20,12 @@ class ShardingAnnotationError(AnnotationError):
 class ShardingTypeCheckError(TypeCheckError):
     """A value whose sharding is not the one its annotation asks for.
 
-    Under `jaxtyped`, eager and trace-time mismatches arrive as jaxtyping's own
-    `TypeCheckError`; this subclass carries the mismatches found when XLA compiles a
-    function (meshes with `Auto` axes), raised by [`jaxtyping_shard.jit`][] and
-    [`jaxtyping_shard.sharding_errors`][].
+    Raised by [`jaxtyping_shard.jaxtyped`][] for eager and trace-time mismatches
+    (its message starts with the argument and the reason), and for the mismatches
+    found when XLA compiles a function (meshes with `Auto` axes) by
+    [`jaxtyping_shard.jit`][] and [`jaxtyping_shard.sharding_errors`][]. Under
+    `jaxtyping.jaxtyped` itself, eager and trace-time mismatches arrive as
+    jaxtyping's own `TypeCheckError`.
     """
 
 

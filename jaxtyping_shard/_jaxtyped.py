@@ -76,9 +76,10 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
         return functools.partial(jaxtyped, typechecker=typechecker)
     if isinstance(fn, str) or typechecker is _SENTINEL:
         # `jaxtyped("context")`, and the old double-decorator form (which warns).
+        plain: Any = jaxtyping.jaxtyped
         if typechecker is _SENTINEL:
-            return jaxtyping.jaxtyped(fn)
-        return jaxtyping.jaxtyped(fn, typechecker=typechecker)
+            return plain(fn)
+        return plain(fn, typechecker=typechecker)
     if isinstance(fn, (classmethod, staticmethod)):
         return type(fn)(jaxtyped(fn.__func__, typechecker=typechecker))
     if isinstance(fn, property):
