@@ -70,4 +70,14 @@ def no_transfers():
         yield
 
 
+def fetched(x):
+    """Whether `x`'s values were ever copied to the host.
+
+    On CPU, `transfer_guard` cannot see a device-to-host copy (the data already is
+    in host memory). JAX caches the NumPy copy it makes in `_npy_value` (a private
+    attribute, read only here): None means no value was ever fetched.
+    """
+    return x._npy_value is not None
+
+
 __all__ = ["P", "CHECKERS", "CHECK_ERRORS", "make_identity", "make_binary", "place"]

@@ -12,7 +12,7 @@ from jaxtyping import Array, PyTree
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 
-from .helpers import make_identity, no_transfers, place
+from .helpers import fetched, make_identity, no_transfers, place
 
 
 A = Float[Array, "b e", P("data", None)]
@@ -108,11 +108,4 @@ def test_warning_fetches_no_data(checker, mesh_explicit):
     with no_transfers():
         caught = _caught(lambda: f(x))
     assert len(caught) == 1
-    assert _fetched(x) is False
-
-
-def _fetched(x):
-    # On CPU, `transfer_guard` cannot see a device-to-host copy (the data is already
-    # in host memory). JAX caches the NumPy copy it makes in `_npy_value` (a private
-    # attribute, read only here): None means no value was ever fetched.
-    return x._npy_value is not None
+    assert fetched(x) is False
