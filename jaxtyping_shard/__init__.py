@@ -16,6 +16,13 @@ from ._errors import (
 )
 from ._jaxtyped import jaxtyped as jaxtyped
 from ._jit import jit as jit, sharding_errors as sharding_errors
+from ._logical import Logical as Logical
+from ._rules import (
+    axis_rules as axis_rules,
+    AxisRules as AxisRules,
+    get_axis_rules as get_axis_rules,
+    set_axis_rules as set_axis_rules,
+)
 from ._shard_map import typed_shard_map as typed_shard_map
 from ._shardings import shardings as shardings
 from ._spec import format_spec as format_spec

@@ -13,6 +13,7 @@ from typing import Any, get_args, get_origin, Union
 import jax
 import jaxtyping
 from jax.core import Tracer
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 # jaxtyping's `PyTree[...]` runs isinstance on leaves while it only checks the tree
 # structure; its array checks then pass without looking, and so must ours. The flag
@@ -20,7 +21,7 @@ from jax.core import Tracer
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from . import _manual, _notation, _spec, _typeguard
+from . import _logical, _manual, _mesh, _notation, _rules, _spec, _typeguard
 from ._check import check
 from ._config import state
 from ._errors import ShardingAnnotationError
@@ -64,6 +65,8 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         """The sharding part of the check, after jaxtyping's has passed."""
         if state.mode == "off" or cls._skip_instancecheck:
             return ""
+        if cls._jts_logical:
+            cls = _physical(cls, obj)
         message = check(cls, obj)
         # Read only on failure: the flag costs more than a cached verdict.
         if message and _in_pytree_structure_check():
@@ -75,7 +78,9 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         # global array they are a piece of (see `_manual`).
         # In every mode: the annotation's meaning must not change with the mode.
         if isinstance(obj, Tracer):
-            view = _manual.global_view(cls, obj)
+            view = _manual.global_view(
+                _physical(cls, obj) if cls._jts_logical else cls, obj
+            )
             if view is not None:
                 message = _jaxtyping_check_shape(
                     cls, view, single_memo, variadic_memo, arg_memo
@@ -93,6 +98,55 @@ class _Nothing:
 
 
 _NOTHING = _Nothing()
+_TWIN_LIMIT = 1024
+
+
+def _physical(cls: Any, obj: Any) -> Any:
+    """The physical annotation a logical one means for `obj`, here and now.
+
+    Resolved with the rules in force, `obj`'s mesh and shape (see
+    `_logical.resolve`); cached per rules table, shape and mesh, so that a new
+    table gives a new physical annotation, with verdict caches of its own.
+    """
+    rules = _rules.current()
+    if isinstance(obj, Tracer):
+        aval = jax.typeof(obj)
+        mesh = _mesh.of_aval(aval)
+        manual = mesh is not None and AxisType.Manual in mesh.axis_types
+        # Inside shard_map the shape is a local one: resolve by rank only.
+        shape: Any = len(aval.shape) if manual else tuple(aval.shape)
+    else:
+        sharding = getattr(obj, "sharding", None)
+        if type(sharding) is NamedSharding:
+            mesh = sharding.mesh
+        else:
+            mesh = _mesh.context_mesh()
+        shape = tuple(obj.shape)
+    key = (rules, shape, mesh)
+    twins = cls._jts_twins
+    twin = twins.get(key)
+    if twin is None:
+        twin = physical_annotation(cls, shape, mesh, rules)
+        if len(twins) >= _TWIN_LIMIT:
+            twins.clear()
+        twins[key] = twin
+    return twin
+
+
+def physical_annotation(cls: Any, shape: Any, mesh: Any, rules: Any) -> Any:
+    """The physical twin of the logical annotation `cls` (shape or rank given)."""
+    layout = _logical.physical_layout(cls._jts, shape, mesh, rules, cls.__name__)
+    by_text = cls._jts_twins_by_text
+    twin = by_text.get(layout.text)
+    if twin is None:
+        entries = _logical.resolve(cls._jts, shape, mesh, rules, cls.__name__)
+        spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+        name = f"{cls.__name__[:-1]} -> {_spec.format_entries(entries)}]"
+        twin = _wrap(cls._jts_base, layout, name, cls._jts_dim_str, spec)
+        if len(by_text) >= _TWIN_LIMIT:
+            by_text.clear()
+        by_text[layout.text] = twin
+    return twin
 
 
 def _rebuild(dtype: Any, array_type: Any, dim_str: str, spec: Any) -> Any:
@@ -124,6 +178,9 @@ def _wrap(
             _jts_last=_NOTHING,
             _jts_dim_str=dim_str,
             _jts_spec_arg=spec_arg,
+            _jts_logical=isinstance(layout, _logical.LogicalLayout),
+            _jts_twins={},
+            _jts_twins_by_text={},
         ),
     )
     out.__qualname__ = name
@@ -159,7 +216,8 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
         array_type, dim_str = item[0], item[1]
         spec_arg = item[2] if len(item) == 3 else None
         where = f"{cls.__name__}[..., {dim_str!r}, ...]"
-        if len(item) == 3:
+        logical = _logical.is_logical(spec_arg)
+        if len(item) == 3 and not logical:
             _spec.validate_spec(spec_arg, where)
         plain_dim_str, inline = _notation.parse_dims(dim_str, where)
         if inline is not None and spec_arg is not None:
@@ -171,7 +229,9 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
             )
         _refuse_sharded_base(array_type, where)
         base = super().__getitem__((array_type, plain_dim_str))
-        if spec_arg is not None:
+        if logical:
+            layout = _logical.logical_layout(plain_dim_str.strip(), spec_arg, where)
+        elif spec_arg is not None:
             entries = _spec.entries_of(spec_arg)
             text = _spec.format_spec(spec_arg)
             as_inline = _notation.inline_for_spec(plain_dim_str.strip(), entries)
@@ -203,7 +263,7 @@ def _refuse_sharded_base(array_type: Any, where: str) -> None:
 
 
 def _refuse_long_spec(base: Any, spec: Any) -> None:
-    if spec is None or base.index_variadic is not None:
+    if not isinstance(spec, PartitionSpec) or base.index_variadic is not None:
         return  # inline shardings fit by construction; variadic ranks vary
     if len(spec) > len(base.dims):
         raise ShardingAnnotationError(

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from . import _mesh
+from . import _mesh, _rules
 from ._check import phase, pop_failure
 from ._config import state
 
@@ -73,8 +73,8 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     shardings of the array arguments, and the other arguments' values) this
     wrapper compiles the function twice: once with the checks, only to run them,
     and once without, to run it. Later calls with that signature (and the same
-    mode and context mesh) skip the checks and run at the speed of the unchecked
-    function, plus a look-up of the signature. The wrapper remembers checked
+    mode, context mesh and axis rules) skip the checks and run at the speed of the
+    unchecked function, plus a look-up of the signature. The wrapper remembers checked
     signatures for its lifetime (`jax.clear_caches()` does not reset it; make a
     new wrapper to check again). Called inside another trace (an outer `jit`,
     `grad`, `vmap`), it is plain `jax.jit` and its checks join the outer trace.
@@ -184,7 +184,7 @@ class _Jitted:
             # and run when the outer function compiles, with its shardings.
             return self._jitted(*args, **kwargs)
         mode = state.mode
-        key = (mode, _mesh.context_mesh(), signature)
+        key = (mode, _mesh.context_mesh(), _rules.current(), signature)
         try:
             seen = key in self._checked_signatures
         except TypeError:  # an unhashable argument: check on every call

@@ -9,10 +9,12 @@ from typing import Any, Optional
 import jax
 from jax.sharding import PartitionSpec
 
+from . import _logical, _mesh
 from ._errors import ShardingAnnotationError
 
 
-def _layout_of(annotation: Any, what: str, fn_name: str) -> Any:
+def _annotation_of(annotation: Any, what: str, fn_name: str) -> Any:
+    """The sharded annotation (its `_jts` is the layout, physical or logical)."""
     layout = getattr(annotation, "_jts", None)
     if layout is None:
         if annotation is inspect.Parameter.empty:
@@ -26,11 +28,15 @@ def _layout_of(annotation: Any, what: str, fn_name: str) -> Any:
             '`Float[Array, "batch@data embed"]`, from which in_specs / out_specs '
             "are read."
         )
-    return layout
+    return annotation
 
 
-def _spec(layout: Any, ndim: int, axis_names: Optional[frozenset]) -> PartitionSpec:
-    spec = layout.spec(ndim)
+def _spec(
+    annotation: Any, shape: Any, mesh: Any, axis_names: Optional[frozenset]
+) -> PartitionSpec:
+    # Logical annotations resolve with the rules in force at the call.
+    entries = _logical.resolve(annotation._jts, shape, mesh, where=annotation.__name__)
+    spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
     if axis_names is None:
         return spec
     # With a subset of manual axes, the specs name only those; the other axes
@@ -96,7 +102,7 @@ def typed_shard_map(
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable forward references: use what is there
         hints = {}
-    in_layouts = []
+    in_annotations = []
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ShardingAnnotationError(
@@ -104,24 +110,25 @@ def typed_shard_map(
                 "shard_map needs one spec per argument, so list them."
             )
         annotation = hints.get(param.name, param.annotation)
-        in_layouts.append(_layout_of(annotation, f"parameter {param.name!r}", name))
+        in_annotations.append(
+            _annotation_of(annotation, f"parameter {param.name!r}", name)
+        )
     ret = hints.get("return", signature.return_annotation)
     if typing.get_origin(ret) is tuple:
-        out_layouts: Any = tuple(
-            _layout_of(a, f"return element {i}", name)
+        outs: Any = tuple(
+            _annotation_of(a, f"return element {i}", name)
             for i, a in enumerate(typing.get_args(ret))
         )
     else:
-        out_layouts = _layout_of(ret, "the return value", name)
-    for layout in out_layouts if isinstance(out_layouts, tuple) else (out_layouts,):
-        if layout.suffix:
+        outs = _annotation_of(ret, "the return value", name)
+    for out in outs if isinstance(outs, tuple) else (outs,):
+        if getattr(out._jts, "suffix", None) or getattr(out._jts, "variadic", False):
             raise ShardingAnnotationError(
-                f"typed_shard_map({name}): the return annotation {layout.text} "
+                f"typed_shard_map({name}): the return annotation {out._jts.text} "
                 "shards dims after a variadic dim, so its rank (and out_specs) is "
                 "unknown before the call. Write the return's dims out."
             )
     manual = None if axis_names is None else frozenset(axis_names)
-    out_specs = _out_specs(out_layouts, manual)
 
     @ft.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -129,10 +136,12 @@ def typed_shard_map(
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         args = bound.args
+        where = mesh if mesh is not None else _mesh.context_mesh()
         in_specs = tuple(
-            _spec(layout, len(jax.typeof(a).shape), manual)
-            for layout, a in zip(in_layouts, args)
+            _spec(annotation, tuple(jax.typeof(a).shape), where, manual)
+            for annotation, a in zip(in_annotations, args)
         )
+        out_specs = _out_specs(outs, where, manual)
         mapped = jax.shard_map(
             fn,
             mesh=mesh,
@@ -146,7 +155,8 @@ def typed_shard_map(
     return wrapped
 
 
-def _out_specs(layouts: Any, manual: Optional[frozenset]) -> Any:
-    if isinstance(layouts, tuple):
-        return tuple(_spec(layout, layout.min_rank, manual) for layout in layouts)
-    return _spec(layouts, layouts.min_rank, manual)
+def _out_specs(outs: Any, mesh: Any, manual: Optional[frozenset]) -> Any:
+    # Output shapes are not known before the call: resolved by rank.
+    if isinstance(outs, tuple):
+        return tuple(_spec(out, out._jts.min_rank, mesh, manual) for out in outs)
+    return _spec(outs, outs._jts.min_rank, mesh, manual)
