@@ -16,7 +16,7 @@ import jax
 import jaxtyping
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _mesh, _spec
+from . import _logical, _mesh, _spec
 from ._errors import ShardingAnnotationError
 
 
@@ -54,8 +54,12 @@ def has_sharding(annotation: Any) -> bool:
     )
 
 
-def layout_of(annotation: Any, where: str = "") -> _spec.Layout:
+def layout_of(
+    annotation: Any, where: str = ""
+) -> Union[_spec.Layout, _logical.LogicalLayout]:
     """The layout an annotation asks for. THE one place annotations are read.
+
+    A logical annotation gives its `LogicalLayout`: `spec_for` resolves it.
 
     Accepts a sharded annotation class (`Float[Array, "b e", P("data")]`), a union
     of them with one layout (`Float[Array | np.ndarray, ...]`), a `PartitionSpec`
@@ -95,12 +99,24 @@ def _fixed_rank(annotation: Any) -> Optional[int]:
     return None
 
 
-def spec_for(annotation: Any, ndim: Optional[int], where: str = "") -> PartitionSpec:
+def spec_for(
+    annotation: Any,
+    ndim: Optional[int],
+    where: str = "",
+    *,
+    shape: Optional[tuple] = None,
+    mesh: Any = None,
+) -> PartitionSpec:
     """The annotation's spec for an array of rank `ndim`, one entry per dim.
 
     `ndim=None` is allowed when the rank is known from the annotation (a dim
     string without a variadic dim) or does not matter (nothing is sharded after a
     variadic dim; the spec then covers the leading dims only).
+
+    A logical annotation is resolved here (`_logical.resolve`) with the rules in
+    force, against `mesh` when given (its axes and sizes) and `shape` when given
+    (fallback lists skip candidates that do not divide a dim; without a shape
+    they are chosen by rank only).
     """
     if isinstance(annotation, NamedSharding):
         annotation = annotation.spec
@@ -121,16 +137,22 @@ def spec_for(annotation: Any, ndim: Optional[int], where: str = "") -> Partition
             )
     elif fixed is not None:
         ndim = fixed
-    elif layout.suffix:
+    elif any(layout.suffix):
         raise ShardingAnnotationError(
             f"{prefix}{describe(annotation)} shards dims after a variadic dim, so "
             "its spec depends on the array's rank: pass `ndim=`."
         )
     if ndim is None:
-        return layout.spec(layout.min_rank)
-    entries = layout.entries(ndim)
-    pad = (None,) * (ndim - len(entries))
-    return PartitionSpec(*layout.spec(ndim), *pad)
+        ndim = layout.min_rank
+        pad_to = len(layout.entries(ndim)) if isinstance(layout, _spec.Layout) else 0
+    else:
+        pad_to = ndim
+    if shape is not None and len(shape) != ndim:
+        shape = None
+    label = f"{where}: {describe(annotation)}" if where else describe(annotation)
+    entries = _logical.resolve(layout, shape or ndim, mesh, where=label)
+    entries = entries + ((),) * (pad_to - len(entries))
+    return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
 
 
 def spec_of(annotation: Any, ndim: Optional[int] = None) -> PartitionSpec:
@@ -213,7 +235,10 @@ def sharding_of(
         mesh is None or mesh is annotation.mesh
     ):
         return annotation
-    return named_sharding(spec_for(annotation, ndim, "sharding_of"), mesh, annotation)
+    if isinstance(layout_of(annotation, "sharding_of"), _logical.LogicalLayout):
+        mesh = resolve_mesh(mesh, "sharding_of")  # the rules are checked against it
+    spec = spec_for(annotation, ndim, "sharding_of", mesh=mesh)
+    return named_sharding(spec, mesh, annotation)
 
 
 def resolve_mesh(mesh: Any, what: str) -> Any:

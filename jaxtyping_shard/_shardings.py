@@ -93,6 +93,6 @@ def sharding_for_leaf(
     if isinstance(annotation, NamedSharding) and mesh is None:
         return annotation
     where = "tree" + jax.tree_util.keystr(path)
-    ndim = len(getattr(leaf, "shape", ()))
-    spec = _bridge.spec_for(annotation, ndim, where)
+    shape = tuple(getattr(leaf, "shape", ()))
+    spec = _bridge.spec_for(annotation, len(shape), where, shape=shape, mesh=mesh)
     return _bridge.named_sharding(spec, mesh, annotation, where)

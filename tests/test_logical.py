@@ -263,3 +263,57 @@ def test_mode_warn_and_off(mesh_explicit_ft):
     # Mode off: not even resolved (no rules in force here).
     with jts.set_mode("off"):
         assert isinstance(x, A)
+
+
+# -- the bridge: spec_of, sharding_of, shardings ----------------------------------
+
+
+def test_spec_of_and_sharding_of_resolve_with_the_rules(mesh_explicit_ft):
+    W = Float[Array, "embed mlp", jts.Logical]
+    with jts.axis_rules({"embed": "fsdp", "mlp": "tensor"}):
+        assert jts.spec_of(W) == P("fsdp", "tensor")
+        sharding = jts.sharding_of(W, mesh_explicit_ft)
+        assert sharding.spec == P("fsdp", "tensor")
+        assert sharding.mesh is mesh_explicit_ft
+    with jts.axis_rules({"embed": None, "mlp": "tensor"}):
+        assert jts.spec_of(W) == P(None, "tensor")
+        with jax.set_mesh(mesh_explicit_ft):
+            assert jts.sharding_of(W).spec == P(None, "tensor")
+    with jts.axis_rules({"embed": "data", "mlp": None}):
+        assert jts.spec_of(W) == P("data", None)  # no mesh: nothing to check against
+        with pytest.raises(jts.ShardingAnnotationError, match=r"'embed' -> 'data'"):
+            jts.sharding_of(W, mesh_explicit_ft)
+    with pytest.raises(
+        jts.ShardingAnnotationError, match=r"no axis rules are in force"
+    ):
+        jts.spec_of(W)
+    with jts.axis_rules({"embed": "fsdp"}, conflicts="first"):
+        assert jts.spec_of(Square) == P("fsdp", None)
+        assert jts.spec_of(Float[Array, "*b embed", jts.Logical], ndim=3) == P(
+            None, None, "fsdp"
+        )
+
+
+def test_shardings_of_a_tree_follow_the_table(mesh_explicit_ft):
+    params = {
+        "w_in": jax.ShapeDtypeStruct((8, 2), jax.numpy.float32),
+        "w_sq": jax.ShapeDtypeStruct((8, 8), jax.numpy.float32),
+    }
+    annotations = {
+        "w_in": Float[Array, "embed mlp", jts.Logical],
+        "w_sq": Square,
+    }
+    fsdp = jts.AxisRules({"embed": "fsdp", "mlp": None}, conflicts="first")
+    tp = jts.AxisRules({"embed": None, "mlp": "tensor"})
+    # `mlp` = 2: fsdp (4) does not divide it, tensor (2) does: the leaf's shape
+    # picks the candidate.
+    lists = jts.AxisRules({"embed": ["fsdp", None], "mlp": ["fsdp", "tensor"]})
+    expected = {
+        fsdp: {"w_in": P("fsdp", None), "w_sq": P("fsdp", None)},
+        tp: {"w_in": P(None, "tensor"), "w_sq": P(None, None)},
+        lists: {"w_in": P("fsdp", "tensor"), "w_sq": P("fsdp", None)},
+    }
+    for rules, specs in [*expected.items(), *expected.items()]:
+        with jts.axis_rules(rules):
+            out = jts.shardings(params, mesh_explicit_ft, annotations=annotations)
+        assert {k: v.spec for k, v in out.items()} == specs
