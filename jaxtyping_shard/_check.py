@@ -6,38 +6,25 @@ Four paths, by what is known about the value:
   and cached per annotation;
 - a tracer whose mesh axes are `Explicit`: `jax.typeof(x).sharding`, at trace time;
 - a tracer whose mesh has `Auto` axes: `jax.typeof` cannot tell, so a
-  `jax.debug.inspect_array_sharding` callback checks when XLA compiles;
+  `jts_check_sharding` primitive checks when XLA compiles (`_compile_check`);
 - a value with no sharding at all (NumPy arrays): it is on one device.
 """
 
-import itertools
-import threading
-import warnings
-from collections import OrderedDict
 from typing import Any, Optional
 
 import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding
 
-from . import _mesh, _spec
-from ._config import state
-from ._errors import (
-    ShardingAnnotationError,
-    ShardingTypeCheckError,
-    ShardingWarning,
-)
+from . import _compile_check, _mesh, _spec
+from ._config import current_mode
+from ._errors import ShardingAnnotationError
 from ._report import report
-from ._site import find_site, how_traced
+from ._site import how_traced
 
 
 _CACHE_LIMIT = 4096
-_FIX = (
-    "If the array is right and the annotation wrong, change the annotation; "
-    "otherwise place the array with "
-    "`jax.device_put(x, NamedSharding(mesh, spec))` or, inside `jit`, "
-    "`jax.sharding.reshard` / `jax.lax.with_sharding_constraint`."
-)
+_FIX = _compile_check.FIX
 
 
 def check(cls: Any, obj: Any) -> str:
@@ -64,11 +51,22 @@ def check(cls: Any, obj: Any) -> str:
         if type(sharding) is NamedSharding and cls._jts_rank_fixed:
             cls._jts_last = sharding  # see _MetaShardedArray.__instancecheck_str__
         return ""
+    if _empty_fits(cls, obj.shape):
+        return ""
     return _report(_eager_message(cls, obj, sharding), cls, obj)
 
 
+def _empty_fits(cls: Any, shape: Any) -> bool:
+    """An array with no elements has no layout: every annotation of its rank fits.
+
+    XLA reports such arrays as replicated whatever they were given, so this is the
+    one verdict that eager, trace-time and compile-time checks can all agree on.
+    """
+    return 0 in shape and not _too_long(cls, len(shape))
+
+
 def _report(message: str, cls: Any, obj: Any) -> str:
-    return report(message, cls, obj, state.mode) if message else ""
+    return report(message, cls, obj, current_mode()) if message else ""
 
 
 def _check_axes(cls: Any, mesh: Any) -> None:
@@ -166,7 +164,7 @@ def _check_unsharded(cls: Any, obj: Any) -> str:
     mesh = _mesh.context_mesh()
     if mesh is not None:
         _check_axes(cls, mesh)
-    if _shards_nothing(cls, mesh):
+    if _shards_nothing(cls, mesh) or _empty_fits(cls, obj.shape):
         return ""
     return (
         f"this value is a {type(obj).__module__}.{type(obj).__qualname__}, which "
@@ -232,122 +230,12 @@ def _check_tracer(cls: Any, obj: Any) -> str:
     if explicit:
         want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, explicit)
         got = _spec.normalise(actual, ndim, sizes, explicit)
-        if want != got:
+        if want != got and not _empty_fits(cls, aval.shape):
             return (
                 f"{_noun(obj)} is sharded as `{aval.str_short()}`, not "
                 f"{cls._jts.text} as expected by the type hint (mesh "
                 f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
             )
     if any(sizes[a] > 1 for a in auto):
-        schedule_compile_check(cls, obj, aval, mesh)
+        _compile_check.schedule(cls, obj, aval, mesh, current_mode())
     return ""
-
-
-_scheduled: "OrderedDict[tuple[int, int], Any]" = OrderedDict()
-_scheduled_lock = threading.Lock()
-
-
-def under_vmap(obj: Any) -> bool:
-    """Whether `obj` is traced under `vmap`, directly or through an inner `jit`.
-
-    Under vmap, `jax.debug.inspect_array_sharding` reports the sharding of the
-    *batched* array, with the batch dim at an unknown position, so it cannot be
-    compared with a per-example annotation. No public API tells whether a trace is
-    batched; this walks the tracer's trace and its parents (JAX internals: a
-    `BatchTrace`, and `DynamicJaxprTrace.parent_trace`), and only ever serves to
-    *skip* a compile-time check, never to pass one.
-    """
-    trace = getattr(obj, "_trace", None)
-    for _ in range(64):  # bounded: traces nest only as deep as transformations
-        if trace is None:
-            return False
-        if type(trace).__name__ == "BatchTrace":
-            return True
-        trace = getattr(trace, "parent_trace", None)
-    return False
-
-
-class _Phase(threading.local):
-    # False: schedule compile-time checks as usual. True: `jaxtyping_shard.jit` is
-    # tracing its unchecked twin, for inputs whose checks have already run.
-    skip: bool = False
-
-
-phase = _Phase()
-
-
-def schedule_compile_check(cls: Any, obj: Any, aval: Any, mesh: Any) -> None:
-    """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes)."""
-    if under_vmap(obj):
-        return  # documented in docs/guarantees.md: not checkable under vmap
-    if phase.skip:
-        return
-    key = (id(obj), id(cls))
-    with _scheduled_lock:
-        if key in _scheduled:
-            return  # jaxtyped re-checks parameters along with the return value
-        # Holding `obj` keeps its id from being reused while the key is here.
-        _scheduled[key] = (obj, cls)
-        if len(_scheduled) > 64:  # spans a jaxtyped call; keeps few tracers alive
-            _scheduled.popitem(last=False)
-    site = find_site(obj)
-    callback = _CompileTimeCheck(cls, aval, mesh, site)
-    jax.debug.inspect_array_sharding(obj, callback=callback)
-
-
-_failures: "OrderedDict[int, ShardingTypeCheckError]" = OrderedDict()
-_failures_lock = threading.Lock()
-_failure_ids = itertools.count(1)
-MARKER = "[jaxtyping_shard #{}]"
-
-
-class _CompileTimeCheck:
-    # No __slots__: JAX holds primitive callbacks by weak reference.
-
-    def __init__(self, cls, aval, mesh, site):
-        self.cls = cls
-        self.shape = tuple(aval.shape)
-        self.dtype = aval.dtype
-        self.mesh = mesh
-        self.site = site
-
-    def __call__(self, sharding: Any) -> None:
-        ndim = len(self.shape)
-        cls = self.cls
-        if type(sharding) is NamedSharding:
-            ok = _equivalent(cls, sharding.mesh, sharding, ndim)
-            actual = _spec.format_array(
-                self.dtype, self.shape, _spec.entries_of(sharding.spec)
-            )
-        else:
-            # Not on a mesh (XLA found no NamedSharding to report): only a spec
-            # that shards nothing on this mesh can describe a replicated value.
-            ok = sharding.is_fully_replicated and _shards_nothing(cls, self.mesh)
-            actual = f"{_spec.format_array(self.dtype, self.shape, ())} ({sharding})"
-        if ok:
-            return
-        message = (
-            f"{self.site.describe()}: XLA sharded it as `{actual}`, not "
-            f"{cls._jts.text} as expected by the type hint {cls.__name__} "
-            f"(mesh {_mesh.format_mesh(self.mesh)}; checked when the function was "
-            f"compiled). {_FIX}"
-        )
-        if state.mode == "warn":
-            warnings.warn(message, ShardingWarning, stacklevel=2)
-            return
-        if state.mode == "off":
-            return
-        failure_id = next(_failure_ids)
-        error = ShardingTypeCheckError(f"{message} {MARKER.format(failure_id)}")
-        with _failures_lock:
-            _failures[failure_id] = error
-            if len(_failures) > 64:
-                _failures.popitem(last=False)
-        # JAX wraps this as `JaxRuntimeError: INTERNAL: ...`; `sharding_errors`
-        # and `jaxtyping_shard.jit` turn it back into this error.
-        raise error
-
-
-def pop_failure(failure_id: int) -> Optional[ShardingTypeCheckError]:
-    with _failures_lock:
-        return _failures.pop(failure_id, None)

@@ -22,10 +22,10 @@ class ShardingTypeCheckError(TypeCheckError):
 
     Raised by [`jaxtyping_shard.jaxtyped`][] for eager and trace-time mismatches
     (its message starts with the argument and the reason), and for the mismatches
-    found when XLA compiles a function (meshes with `Auto` axes) by
-    [`jaxtyping_shard.jit`][] and [`jaxtyping_shard.sharding_errors`][]. Under
-    `jaxtyping.jaxtyped` itself, eager and trace-time mismatches arrive as
-    jaxtyping's own `TypeCheckError`.
+    found when XLA compiles a function (meshes with `Auto` axes): all those of one
+    compile in one error, raised from the call that compiled it (plain `jax.jit`
+    included). Under `jaxtyping.jaxtyped` itself, eager and trace-time mismatches
+    arrive as jaxtyping's own `TypeCheckError`.
     """
 
 

@@ -93,8 +93,12 @@ def naming(function: Optional[str], path: str, is_return: bool) -> Iterator[None
         _naming.current = previous
 
 
-def find_site(obj: Any) -> Site:
-    """Finds the function, argument and key path that `obj` is being checked as."""
+def find_site(obj: Any, cls: Any = None) -> Site:
+    """Finds the function, argument and key path that `obj` is being checked as.
+
+    `cls`, the annotation being checked, if given, tells an argument from the
+    return value when a function returns an argument unchanged.
+    """
     function = argument = location = None
     path = ""
     is_return = False
@@ -106,7 +110,7 @@ def find_site(obj: Any) -> Site:
         code = frame.f_code
         if function is None:
             if code.co_name == "wrapped_fn_impl":
-                found = _from_jaxtyped_frame(frame, obj)
+                found = _from_jaxtyped_frame(frame, obj, cls)
             elif code.co_name in _TYPEGUARD_FRAMES:
                 found = _from_typeguard_frame(frame, obj)
             else:
@@ -121,7 +125,9 @@ def find_site(obj: Any) -> Site:
     return Site(function, argument, is_return, location, path)
 
 
-def _from_jaxtyped_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool, str]]:
+def _from_jaxtyped_frame(
+    frame, obj, cls=None
+) -> Optional[tuple[str, Optional[str], bool, str]]:
     # jaxtyping's `jaxtyped` checks parameters, then the return value, from a
     # frame of `wrapped_fn_impl(args, kwargs, bound, memos)` whose local `fn` is the
     # user's function. No public API names the argument being checked, so this is
@@ -132,10 +138,17 @@ def _from_jaxtyped_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool,
     if fn is None or bound is None:
         return None
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
-    if "out" in f_locals:
-        path = path_in(f_locals["out"], obj)
-        if path is not None:
-            return name, None, True, path
+    out_path = path_in(f_locals["out"], obj) if "out" in f_locals else None
+    hints = getattr(fn, "__annotations__", None) or {}
+    if out_path is not None and (cls is None or hints.get("return") is cls):
+        return name, None, True, out_path
+    if cls is not None:
+        for arg_name, value in bound.arguments.items():
+            path = path_in(value, obj) if hints.get(arg_name) is cls else None
+            if path is not None:
+                return name, arg_name, False, path
+    if out_path is not None:
+        return name, None, True, out_path
     for arg_name, value in bound.arguments.items():
         path = path_in(value, obj)
         if path is not None:

@@ -12,9 +12,11 @@ def checker(request):
 
 @pytest.fixture(autouse=True)
 def _default_mode():
-    # Each test starts in mode "check", whatever a failed test left behind.
-    with jts.set_mode("check"):
-        yield
+    # Each test starts and ends with the default mode "check", whatever a failed
+    # test left behind (a bare `set_mode` sets the process default).
+    jts.set_mode("check")
+    yield
+    jts.set_mode("check")
 
 
 def pytest_addoption(parser):

@@ -219,7 +219,7 @@ def main(coordinator: str, process_id: int) -> int:
             xa_bad,
             what="compile-time mismatch",
         )
-        verdict("checked when the function was compiled" in error, error)
+        verdict("sharding mismatch while compiling `identity`" in error, error)
         for bad in ("cols", "both", "replicated"):
             expect_raise(
                 jts.ShardingTypeCheckError,

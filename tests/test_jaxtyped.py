@@ -223,6 +223,7 @@ def test_pytree_leaf_path_at_compile_time(mesh_auto):
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         jts.jit(step)({"layers": [{"w_in": good}, {"w_in": bad}]})
     assert str(info.value).startswith(
+        "1 sharding mismatch while compiling `step`: "
         f"argument `params['layers'][1]['w_in']` of `{step.__qualname__}` (first "
         "traced at test_jaxtyped.py:"
     )

@@ -83,15 +83,17 @@ def test_compile_time_message_first_line(mesh_auto):
     f = make_identity("beartype", A, A)
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         jts.jit(f)(place(mesh_auto, (8, 4), P("model")))
-    first = str(info.value).splitlines()[0]
-    assert first.startswith(
-        "argument `x` of `make_identity.<locals>.f` (first traced at "
+    lines = str(info.value).splitlines()
+    assert lines[0] == "2 sharding mismatches while compiling `f`:"
+    assert lines[1].startswith(
+        "  1. argument `x` of `make_identity.<locals>.f` (first traced at "
     )
     assert (
         "XLA sharded it as `float32[8@model,4]`, not P('data', None) (`b@data e`)"
-        in first
+        in lines[1]
     )
-    assert "checked when the function was compiled" in first
+    assert lines[2].startswith("  2. the return value of `make_identity.<locals>.f`")
+    assert "[jaxtyping_shard #" not in str(info.value)
 
 
 def test_single_device_message():

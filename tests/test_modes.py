@@ -47,10 +47,12 @@ def test_off_mode_leaves_nothing_in_jaxpr():
     x = place(mesh, (8, 4), P("data"))
     # Fresh functions: JAX caches traces, and the mode is read when tracing.
     with jts.set_mode("off"):
-        assert "inspect_sharding" not in str(
+        assert "jts_check_sharding" not in str(
             jax.make_jaxpr(make_identity("beartype", A, A))(x)
         )
-    assert "inspect_sharding" in str(jax.make_jaxpr(make_identity("beartype", A, A))(x))
+    assert "jts_check_sharding" in str(
+        jax.make_jaxpr(make_identity("beartype", A, A))(x)
+    )
 
 
 def test_warn_mode_at_compile_time(mesh_auto):
@@ -95,3 +97,101 @@ def test_bad_environment_variable():
     )
     assert out.returncode != 0
     assert "JAXTYPING_SHARD_MODE='sometimes' is not a mode" in out.stderr
+
+
+def test_scoped_modes_are_per_thread():
+    # Issue 9, item 11: two `with set_mode(...)` blocks overlapping across threads
+    # restored a stale mode and could leave the process in "off" for good.
+    import threading
+
+    entered = threading.Barrier(2)
+    seen = {}
+
+    def worker(name, mode):
+        with jts.set_mode(mode):
+            entered.wait()
+            seen[name] = jts.get_mode()
+            entered.wait()
+        seen[name + " after"] = jts.get_mode()
+
+    threads = [
+        threading.Thread(target=worker, args=("a", "off")),
+        threading.Thread(target=worker, args=("b", "warn")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"a": "off", "b": "warn", "a after": "check", "b after": "check"}
+    assert jts.get_mode() == "check"
+
+
+def test_scopes_closed_out_of_order():
+    # Generators (and coroutines) can close scopes in any order.
+    def scoped(mode):
+        with jts.set_mode(mode):
+            yield
+
+    outer, inner = scoped("off"), scoped("warn")
+    next(outer)
+    next(inner)
+    assert jts.get_mode() == "warn"
+    outer.close()  # the outer scope ends first
+    assert jts.get_mode() == "warn"
+    inner.close()
+    assert jts.get_mode() == "check"
+
+
+def test_async_tasks_leave_no_stale_mode():
+    import asyncio
+
+    async def task(mode, delay):
+        with jts.set_mode(mode):
+            await asyncio.sleep(delay)
+            return jts.get_mode()
+
+    async def main():
+        # "off" ends first, while "warn" is still open: exits out of order.
+        return await asyncio.gather(task("off", 0.01), task("warn", 0.03))
+
+    results = asyncio.run(main())
+    assert set(results) <= {"off", "warn"}  # tasks of one thread share its scopes
+    assert jts.get_mode() == "check"
+
+
+def test_bare_set_mode_is_the_process_default():
+    import threading
+
+    seen = []
+    jts.set_mode("warn")
+    thread = threading.Thread(target=lambda: seen.append(jts.get_mode()))
+    thread.start()
+    thread.join()
+    with jts.set_mode("off"):
+        other = threading.Thread(target=lambda: seen.append(jts.get_mode()))
+        other.start()
+        other.join()
+        assert jts.get_mode() == "off"
+    assert seen == ["warn", "warn"]  # a scope stays in its own thread
+    assert jts.get_mode() == "warn"
+
+
+def test_scope_closed_in_another_thread_is_refused():
+    import threading
+
+    setter = jts.set_mode("off")
+    setter.__enter__()
+    errors = []
+
+    def close():
+        try:
+            setter.__exit__(None, None, None)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=close)
+    thread.start()
+    thread.join()
+    assert errors and "closed in the thread that opened it" in errors[0]
+    setter.__exit__(None, None, None)
+    assert jts.get_mode() == "check"

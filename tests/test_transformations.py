@@ -1,12 +1,11 @@
 """Annotated functions under JAX's transformations: checked, or skipped as documented.
 
 Explicit axes: every transformation below checks, mismatches included. Auto axes:
-checked at compile time, except under `vmap` (skipped: see docs/guarantees.md) and
-`eval_shape` (nothing is compiled).
+checked at compile time, except under `eval_shape` (nothing is compiled); `vmap`
+is in tests/test_vmap.py.
 """
 
 import jax
-import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
@@ -100,35 +99,6 @@ def test_vmap_explicit_is_per_example(outer_jit, checker, mesh_explicit):
         assert good(x).shape == (8, 4)
         with pytest.raises(CHECK_ERRORS):
             bad(x)
-
-
-@pytest.mark.parametrize("form", ["jit(vmap)", "vmap(jit)"])
-def test_vmap_auto_is_skipped(form, mesh_auto):
-    from jaxtyping_shard._check import under_vmap
-
-    seen = []
-
-    def inner(r):
-        seen.append(under_vmap(r))
-        assert isinstance(r, PER_EXAMPLE_BAD)  # wrong, but not checkable here
-        return r * 2
-
-    fn = jax.jit(jax.vmap(inner)) if form == "jit(vmap)" else jax.vmap(jax.jit(inner))
-    x = place(mesh_auto, (8, 4), P("data", "model"))
-    assert jts.jit(fn)(x).shape == (8, 4)
-    assert seen == [True]
-    assert "inspect_sharding" not in str(jax.make_jaxpr(fn)(x))
-
-
-def test_under_vmap_is_false_outside_vmap(mesh_auto):
-    from jaxtyping_shard._check import under_vmap
-
-    seen = []
-    jax.jit(lambda v: seen.append(under_vmap(v)) or v)(
-        place(mesh_auto, (8, 4), P("data"))
-    )
-    assert seen == [False]
-    assert under_vmap(jnp.ones(3)) is False
 
 
 def test_shard_map_inside_jit_and_grad(mesh_explicit):
