@@ -14,6 +14,7 @@ from ._errors import (
     ShardingTypeCheckError as ShardingTypeCheckError,
     ShardingWarning as ShardingWarning,
 )
+from ._explain import explain as explain, Explanation as Explanation
 from ._jaxtyped import jaxtyped as jaxtyped
 from ._jit import jit as jit, sharding_errors as sharding_errors
 from ._logical import Logical as Logical
