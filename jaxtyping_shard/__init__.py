@@ -10,6 +10,7 @@ import typing
 from ._bridge import sharding_of as sharding_of, spec_of as spec_of
 from ._config import get_mode as get_mode, set_mode as set_mode
 from ._errors import (
+    PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
     ShardingWarning as ShardingWarning,
@@ -18,6 +19,11 @@ from ._explain import explain as explain, Explanation as Explanation
 from ._jaxtyped import jaxtyped as jaxtyped
 from ._jit import jit as jit, sharding_errors as sharding_errors
 from ._logical import Logical as Logical
+from ._place import (
+    local_rows as local_rows,
+    place as place,
+    place_for as place_for,
+)
 from ._rules import (
     axis_rules as axis_rules,
     AxisRules as AxisRules,

@@ -29,10 +29,25 @@ class ShardingTypeCheckError(TypeCheckError):
     """
 
 
+class PlacementError(ValueError):
+    """Host-local data that cannot become the global array its annotation asks for.
+
+    Raised by [`jaxtyping_shard.place`][] before anything is built (a local size
+    that does not fit the annotation's sharding and the process count, a global
+    size the mesh cannot split), and by its cross-process verification (processes
+    with unequal shapes, replicas holding unequal data).
+    """
+
+
 class ShardingWarning(UserWarning):
     """A sharding mismatch reported in mode `"warn"`, instead of an error."""
 
 
-for _cls in (ShardingAnnotationError, ShardingTypeCheckError, ShardingWarning):
+for _cls in (
+    PlacementError,
+    ShardingAnnotationError,
+    ShardingTypeCheckError,
+    ShardingWarning,
+):
     _cls.__module__ = "jaxtyping_shard"
 del _cls

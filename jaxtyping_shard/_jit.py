@@ -64,4 +64,9 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     """
     if fun is None:
         return ft.partial(jit, **jit_kwargs)
+    from . import _jit_shardings  # imports this module
+
+    if _jit_shardings.uses_annotations(jit_kwargs):
+        # in_shardings / out_shardings="annotations": derived from the signature.
+        return _jit_shardings.AnnotatedJit(fun, jit_kwargs, jax.jit)
     return jax.jit(fun, **jit_kwargs)

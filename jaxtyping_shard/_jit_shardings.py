@@ -1,0 +1,329 @@
+"""`jaxtyping_shard.jit(f, in_shardings="annotations", out_shardings="annotations")`.
+
+`jit`'s shardings read off `f`'s signature, through the one tree walk (leaf
+annotations, annotation trees, module and dataclass fields) and the one
+annotation -> `NamedSharding` path of `_bridge`. A leaf without a sharding stays
+unspecified (JAX chooses), never replicated. The shardings depend on the
+arguments' tree structures and ranks and on the mesh, so they are derived per
+call signature and the jitted function is made per derived set (cached).
+
+A committed argument whose sharding differs from its annotation is refused with
+a `ShardingTypeCheckError` naming the argument path, before JAX's generic
+"Sharding passed to jit does not match"; `reshard_inputs=True` moves it instead.
+"""
+
+import functools as ft
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.core import Tracer
+from jax.sharding import NamedSharding
+
+from . import _bridge, _mesh, _spec, _tree
+from ._errors import ShardingTypeCheckError
+from ._place import parameter_hint
+
+
+ANNOTATIONS = "annotations"
+_CACHE_LIMIT = 256
+_P = inspect.Parameter
+
+
+def uses_annotations(jit_kwargs: dict) -> bool:
+    """Whether `jit`'s keyword arguments ask for shardings from annotations."""
+    return "reshard_inputs" in jit_kwargs or any(
+        isinstance(jit_kwargs.get(k), str) for k in ("in_shardings", "out_shardings")
+    )
+
+
+class AnnotatedJit:
+    """`make(fun, jit_kwargs)` per derived sharding set, called with them."""
+
+    def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
+        kwargs = dict(jit_kwargs)
+        self._reshard = bool(kwargs.pop("reshard_inputs", False))
+        for key in ("in_shardings", "out_shardings"):
+            value = kwargs.get(key)
+            if isinstance(value, str) and value != ANNOTATIONS:
+                raise ValueError(
+                    f"{key}={value!r}: the only string accepted is "
+                    f"{ANNOTATIONS!r} (shardings read off the signature)."
+                )
+        self._derive_in = kwargs.get("in_shardings") == ANNOTATIONS
+        self._derive_out = kwargs.get("out_shardings") == ANNOTATIONS
+        if self._reshard and not self._derive_in:
+            raise ValueError(
+                "reshard_inputs=True needs in_shardings='annotations': it moves "
+                "arguments to the shardings their annotations ask for."
+            )
+        for key in ("in_shardings", "out_shardings"):
+            if kwargs.get(key) == ANNOTATIONS:
+                del kwargs[key]
+        self._fun, self._kwargs, self._make = fun, kwargs, make
+        self._sig = inspect.signature(fun)
+        self._static_nums, self._static_names = _statics(self._sig, kwargs)
+        self._shape_jit = jax.jit(
+            fun,
+            static_argnums=tuple(self._static_nums),
+            static_argnames=tuple(self._static_names),
+        )
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+        self.__wrapped__ = fun
+        ft.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw = self._prepare(args, kwargs)
+        return inner(*pos, **kw)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw = self._prepare(args, kwargs)
+        return inner.lower(*pos, **kw)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw = self._prepare(args, kwargs)
+        return inner.trace(*pos, **kw)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw = self._prepare(args, kwargs)
+        return inner.eval_shape(*pos, **kw)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self if instance is None else ft.partial(self, instance)
+
+    def __repr__(self) -> str:
+        return f"jaxtyping_shard.jit({self._fun!r}, shardings from annotations)"
+
+    # The derivation.
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
+        """`[(name, value, is_static), ...]` positionally, and keyword-only ones."""
+        bound = self._sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        pos: list = []
+        kw: dict = {}
+        for i, (name, param) in enumerate(self._sig.parameters.items()):
+            value = bound.arguments.get(name)
+            static = i in self._static_nums or name in self._static_names
+            if param.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
+                pos.append((name, value, static))
+            elif param.kind is _P.VAR_POSITIONAL:
+                pos.extend((f"{name}[{j}]", v, False) for j, v in enumerate(value))
+            elif param.kind is _P.KEYWORD_ONLY:
+                kw[name] = (value, static)
+            else:
+                kw.update((k, (v, k in self._static_names)) for k, v in value.items())
+        if self._derive_in:
+            dynamic = [k for k, (_, static) in kw.items() if not static]
+            if dynamic:
+                raise TypeError(
+                    f"{self.__qualname__}: keyword-only arguments {dynamic} cannot "
+                    "take in_shardings (jax.jit applies them to positional "
+                    "arguments only). Make them positional, or static."
+                )
+        return pos, {k: v for k, (v, _) in kw.items()}
+
+    def _hint(self, name: str) -> Any:
+        param = name.split("[", 1)[0]
+        if param not in self._sig.parameters:
+            return None
+        try:
+            return parameter_hint(self._fun, param, "jit")
+        except Exception:  # an unannotated parameter: unspecified
+            return None
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+        pos, kw = self._bind(args, kwargs)
+        flat = [
+            None if static else jax.tree_util.tree_flatten(value)
+            for _, value, static in pos
+        ]
+        mesh = _call_mesh(flat)
+        key = (
+            mesh,
+            tuple(
+                ("static", value) if f is None else (f[1], tuple(map(_leaf_key, f[0])))
+                for (_, value, _), f in zip(pos, flat)
+            ),
+            tuple(sorted((k, _hashable(v)) for k, v in kw.items())),
+        )
+        try:
+            entry = self._cache.get(key)
+        except TypeError:  # unhashable static values: derive again
+            entry, key = None, None
+        if entry is None:
+            entry = self._derive(pos, kw, mesh)
+            if key is not None:
+                with self._lock:
+                    if len(self._cache) >= _CACHE_LIMIT:
+                        self._cache.clear()
+                    self._cache[key] = entry
+        inner, in_leaves = entry
+        values = [value for _, value, _ in pos]
+        if in_leaves is not None:
+            values = self._check_committed(pos, flat, in_leaves)
+        return inner, tuple(values), kw
+
+    def _derive(self, pos: list, kw: dict, mesh: Any) -> tuple[Any, Any]:
+        kwargs = dict(self._kwargs)
+        in_leaves = None
+        if self._derive_in:
+            trees, in_leaves = [], []
+            for name, value, static in pos:
+                if static:
+                    in_leaves.append(None)
+                    continue
+                leaves, plan = _tree.plan_for(value, self._hint(name))
+                out = [
+                    _leaf_sharding(leaf, ann, mesh, self.__qualname__, name, path)
+                    for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+                ]
+                in_leaves.append(out)
+                trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
+            kwargs["in_shardings"] = tuple(trees)
+        if self._derive_out:
+            kwargs["out_shardings"] = self._out_shardings(pos, kw, mesh)
+        return self._make(self._fun, kwargs), in_leaves
+
+    def _out_shardings(self, pos: list, kw: dict, mesh: Any) -> Any:
+        hint = self._hint_return()
+        if hint is None:
+            return None
+        if _tree.leaf_annotation(hint) is not None and _bridge.has_sharding(hint):
+            try:
+                spec = _bridge.spec_for(hint, None, f"{self.__qualname__} return")
+            except Exception:  # its rank depends on the value: trace for it
+                spec = None
+            if spec is not None:
+                return _bridge.named_sharding(spec, mesh, hint, "return value")
+        out = self._shape_jit.eval_shape(*[v for _, v, _ in pos], **kw)
+        leaves, plan = _tree.plan_for(out, hint)
+        shardings = [
+            _leaf_sharding(leaf, ann, mesh, self.__qualname__, "return", path)
+            for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+        ]
+        return jax.tree_util.tree_unflatten(plan.treedef, shardings)
+
+    def _hint_return(self) -> Any:
+        try:
+            return parameter_hint(self._fun, "return", "jit")
+        except Exception:
+            return None
+
+    def _check_committed(self, pos: list, flat: list, in_leaves: list) -> list:
+        values, wrong = [], []
+        for (name, value, _), f, shardings in zip(pos, flat, in_leaves):
+            if f is None or shardings is None:
+                values.append(value)
+                continue
+            leaves, treedef = f
+            moved, changed = list(leaves), False
+            for i, (leaf, sharding) in enumerate(zip(leaves, shardings)):
+                if sharding is None or not _committed(leaf):
+                    continue
+                if leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+                    continue
+                if self._reshard:
+                    moved[i], changed = jax.device_put(leaf, sharding), True
+                else:
+                    path = jax.tree_util.tree_flatten_with_path(value)[0][i][0]
+                    where = name + jax.tree_util.keystr(path)
+                    wrong.append(_mismatch(where, leaf, sharding))
+            if changed:
+                value = jax.tree_util.tree_unflatten(treedef, moved)
+            values.append(value)
+        if wrong:
+            raise ShardingTypeCheckError(
+                f"{self.__qualname__}: {len(wrong)} argument"
+                f"{'s are' if len(wrong) > 1 else ' is'} committed to a sharding "
+                "other than the one its annotation asks for, and jit does not move "
+                "committed arrays:\n" + "\n".join(f"  - {w}" for w in wrong) + "\n"
+                "Place the data as annotated (`jts.place`, or `jax.device_put(x, "
+                "jts.sharding_of(annotation, mesh))`), or pass `reshard_inputs=True` "
+                "to `jts.jit` to move it on every call."
+            )
+        return values
+
+
+def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
+    raw_nums: Any = kwargs.get("static_argnums", ()) or ()
+    raw_names: Any = kwargs.get("static_argnames", ()) or ()
+    nums = {raw_nums} if isinstance(raw_nums, int) else set(raw_nums)
+    names = {raw_names} if isinstance(raw_names, str) else set(raw_names)
+    params = list(sig.parameters)
+    nums = {n % len(params) if params and n < 0 else n for n in nums}
+    for i, name in enumerate(params):  # jax.jit infers each from the other
+        if i in nums:
+            names.add(name)
+        if name in names:
+            nums.add(i)
+    return nums, names
+
+
+def _leaf_key(leaf: Any) -> Any:
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    return (type(leaf), None if shape is None else tuple(shape), dtype)
+
+
+def _hashable(value: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    return (treedef, tuple(map(_leaf_key, leaves)))
+
+
+def _committed(leaf: Any) -> bool:
+    return (
+        isinstance(leaf, jax.Array)
+        and not isinstance(leaf, Tracer)
+        and getattr(leaf, "committed", False)
+    )
+
+
+def _call_mesh(flat: list) -> Any:
+    """The context's concrete mesh, else the mesh of a committed argument."""
+    mesh = _bridge._concrete_context_mesh()
+    if mesh is not None:
+        return mesh
+    for f in flat:
+        for leaf in [] if f is None else f[0]:
+            if _committed(leaf) and isinstance(leaf.sharding, NamedSharding):
+                return leaf.sharding.mesh
+    return _mesh.context_mesh()  # abstract inside another trace, or None
+
+
+def _leaf_sharding(
+    leaf: Any, annotation: Any, mesh: Any, fname: str, name: str, path: tuple
+) -> Any:
+    if not _bridge.has_sharding(annotation):
+        return None  # unspecified: JAX chooses; never replicated behind the back
+    if isinstance(annotation, NamedSharding):
+        return annotation
+    where = f"{fname}: {name}{jax.tree_util.keystr(path)}"
+    ndim = len(getattr(leaf, "shape", ()))
+    spec = _bridge.spec_for(annotation, ndim, where)
+    if mesh is None:
+        raise ValueError(
+            f"{where} is annotated with a sharding, and jit needs a mesh for it: "
+            "call under `jax.set_mesh(mesh)`, or pass arrays placed on the mesh."
+        )
+    return _bridge.named_sharding(spec, mesh, annotation, where)
+
+
+def _mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
+    actual = leaf.sharding
+    spec = getattr(actual, "spec", None)
+    shown = _spec.format_array(
+        leaf.dtype, leaf.shape, _spec.entries_of(spec) if spec is not None else ()
+    )
+    if spec is None:
+        shown += f" ({actual})"
+    expected = _spec.format_array(
+        leaf.dtype, leaf.shape, _spec.entries_of(sharding.spec)
+    )
+    return (
+        f"`{name}` is `{shown}`, its annotation asks for `{expected}` "
+        f"({_spec.format_spec(sharding.spec)}, mesh {_mesh.format_mesh(sharding.mesh)})"
+    )

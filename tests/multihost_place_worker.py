@@ -1,0 +1,191 @@
+"""One process of the two-process placement job run by `test_multihost_place.py`.
+
+`python multihost_place_worker.py COORDINATOR_ADDRESS PROCESS_ID`: joins a job of
+2 processes x 4 forced CPU devices (gloo on loopback) and places a batch with
+`jts.place` over `data`, replicated over `model`, on two meshes: one where
+`model` stays inside each process (each process loads half the batch) and one
+where `model` spans the processes (both load the whole batch, as replicas).
+Asserts the placed arrays equal the single-process reference, that
+`jts.jit(in_shardings="annotations")` consumes them, and that the verification
+catches unequal replicas and uneven batches on every process alike. Prints
+`WORKER <id> OK <number of checks>` last. Not collected by pytest.
+"""
+
+import functools as ft
+import sys
+
+
+def main(coordinator: str, process_id: int) -> int:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator,
+        num_processes=2,
+        process_id=process_id,
+        initialization_timeout=60,
+        heartbeat_timeout_seconds=30,
+        shutdown_timeout_seconds=30,
+    )
+
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import AxisType, Mesh, PartitionSpec as P
+    from jaxtyping import Array
+
+    import jaxtyping_shard as jts
+    from jaxtyping_shard import Float, Int
+
+    assert jax.process_count() == 2 and jax.local_device_count() == 4
+    checks = 0
+
+    def verdict(ok: bool, what: str) -> None:
+        nonlocal checks
+        if not ok:
+            raise AssertionError(f"process {process_id}: {what}")
+        checks += 1
+
+    def expect(error_type, fun, *fragments: str, what: str) -> None:
+        try:
+            fun()
+        except error_type as error:
+            text = str(error)
+            for fragment in fragments:
+                verdict(fragment in text, f"{what}: {fragment!r} not in {text}")
+            return
+        raise AssertionError(f"process {process_id}: {what}: nothing raised")
+
+    devices = np.array(jax.devices())
+    verdict([d.process_index for d in devices] == [0] * 4 + [1] * 4, f"order {devices}")
+    explicit = (AxisType.Explicit, AxisType.Explicit)
+    # `model` inside each process: process 0 holds data rows 0-1, process 1 rows 2-3.
+    inside = Mesh(devices.reshape(4, 2), ("data", "model"), axis_types=explicit)
+    # `model` across processes: column 0 is process 0, column 1 process 1.
+    across = Mesh(devices.reshape(2, 4).T, ("data", "model"), axis_types=explicit)
+
+    Tokens = Int[Array, "batch seq", P("data", None)]
+    whole = np.arange(16 * 8, dtype=np.int32).reshape(16, 8)  # the reference
+    expected_rows = {
+        "inside": slice(8 * process_id, 8 * process_id + 8),
+        "across": slice(0, 16),
+    }
+
+    def same_as_reference(x, reference, what: str) -> None:
+        for shard in x.addressable_shards:
+            verdict(
+                np.array_equal(np.asarray(shard.data), reference[shard.index]),
+                f"{what}: shard {shard.index} on {shard.device}",
+            )
+        gathered = multihost_utils.process_allgather(x, tiled=True)
+        verdict(np.array_equal(gathered, reference), f"{what}: gathered")
+
+    def step(
+        tokens: Int[Array, "batch seq", P("data", None)],
+        w: Float[Array, "seq m", P(None, "model")],
+    ) -> Float[Array, "batch m", P("data", "model")]:
+        return tokens.astype(jnp.float32) @ w
+
+    for name, mesh in (("inside", inside), ("across", across)):
+        rows = jts.local_rows(Tokens, whole.shape, mesh)
+        verdict(rows[0] == expected_rows[name], f"{name}: rows {rows}")
+        local = whole[rows]
+        x = jts.place(local, Tokens, mesh, verify="checksum")
+        verdict(x.shape == whole.shape, f"{name}: shape {x.shape}")
+        verdict(not x.is_fully_addressable, f"{name}: spans both processes")
+        verdict(isinstance(x, Tokens), f"{name}: matches its annotation")
+        same_as_reference(x, whole, name)
+
+        # The consumer's annotation is the only place the layout is written.
+        y = jts.place_for(step, "tokens", local, mesh)
+        verdict(y.sharding.is_equivalent_to(x.sharding, 2), f"{name}: place_for")
+        # w's columns are over `model`: across processes each loads one column.
+        w_whole = np.arange(16, dtype=np.float32).reshape(8, 2)
+        w_rows = jts.local_rows(Float[Array, "s m", P(None, "model")], (8, 2), mesh)
+        w_cols = slice(process_id, process_id + 1) if name == "across" else slice(0, 2)
+        verdict(w_rows == (slice(0, 8), w_cols), f"{name}: w rows {w_rows}")
+        w = jts.place_for(step, "w", w_whole[w_rows], mesh)
+        verdict(w.shape == (8, 2), f"{name}: w {w.shape}")
+        same_as_reference(w, w_whole, f"{name} w")
+
+        # A tree: the batch and a replicated scalar table, in one call.
+        tree = jts.place(
+            {"tokens": local, "scale": np.full((4,), 2.0, np.float32)},
+            {"tokens": Tokens, "scale": P()},
+            mesh,
+            verify="checksum",
+        )
+        same_as_reference(tree["tokens"], whole, f"{name} tree")
+
+        # jit's shardings from the same signature; results equal the reference.
+        jitted = jts.jit(step, in_shardings="annotations", out_shardings="annotations")
+        out = jitted(x, w)
+        verdict(out.sharding.spec == P("data", "model"), f"{name}: {out.sharding}")
+        reference = whole.astype(np.float32) @ w_whole
+        same_as_reference(out, reference, f"{name} step")
+        wrong = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "data")))
+        expect(
+            jts.ShardingTypeCheckError,
+            ft.partial(jitted, wrong, w),
+            "`tokens` is `int32[16,8@data]`",
+            what=f"{name}: committed mismatch",
+        )
+
+        # A deliberately unequal replica: process 1 loads other data where it
+        # should hold what process 0 holds (the whole batch when `model` spans
+        # the processes; the replicated table on either mesh).
+        if name == "across":
+            bad = local + process_id
+            expect(
+                jts.PlacementError,
+                ft.partial(jts.place, bad, Tokens, mesh, verify="checksum"),
+                "processes 0, 1 hold the same part",
+                "local data differ",
+                what=f"{name}: unequal replicas",
+            )
+        table = np.full((4,), 2.0 + process_id, np.float32)
+        expect(
+            jts.PlacementError,
+            ft.partial(jts.place, table, P(), mesh, verify="checksum"),
+            "replicas",
+            what=f"{name}: unequal replicated table",
+        )
+        # Unchecked, JAX would take the unequal data silently; shapes still match.
+        jts.place(table, P(), mesh, verify="shapes")
+        verdict(True, f"{name}: shapes-only verification passes")
+
+    # Uneven per-host batches: each process's own size fits the sharding (a
+    # multiple of 2 rows), but the processes disagree; both processes raise.
+    uneven = whole[: 8 if process_id == 0 else 6]
+    expect(
+        jts.PlacementError,
+        lambda: jts.place(uneven, Tokens, inside),
+        "different shapes",
+        "process 0: (8, 8), process 1: (6, 8)",
+        what="uneven batches",
+    )
+    # Caught before anything is built, on each process alone: 7 rows, 2 shards.
+    expect(
+        jts.PlacementError,
+        lambda: jts.place(whole[:7], Tokens, inside),
+        "not a multiple of 2",
+        "'data' (4) into 4 shards, 2 of them on this process (2 processes)",
+        what="local size",
+    )
+    expect(
+        jts.PlacementError,
+        lambda: jts.place(whole[:4], Tokens, inside, global_shape=(16, 8)),
+        "expected 8 or 16",
+        what="local size against a global shape",
+    )
+    # The global shape given: every process passes the whole array.
+    full = jts.place(whole, Tokens, inside, global_shape=whole.shape)
+    same_as_reference(full, whole, "whole array on every process")
+
+    print(f"WORKER {process_id} OK {checks}", flush=True)
+    jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))
