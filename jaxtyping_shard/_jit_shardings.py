@@ -154,41 +154,40 @@ class AnnotatedJit:
             entry = self._cache.get(key)
         except TypeError:  # unhashable static values: derive again
             entry, key = None, None
-        if entry is None:
-            entry = self._derive(pos, kw, mesh)
-            if key is not None:
-                with self._lock:
-                    if len(self._cache) >= _CACHE_LIMIT:
-                        self._cache.clear()
-                    self._cache[key] = entry
-        inner, in_leaves = entry
-        values = [value for _, value, _ in pos]
-        if in_leaves is not None:
-            values = self._check_committed(pos, flat, in_leaves)
-        return inner, tuple(values), kw
-
-    def _derive(self, pos: list, kw: dict, mesh: Any) -> tuple[Any, Any]:
+        if entry is not None:
+            inner, in_leaves = entry
+            return inner, self._arguments(pos, flat, in_leaves), kw
         kwargs = dict(self._kwargs)
         in_leaves = None
         if self._derive_in:
-            trees, in_leaves = [], []
-            for name, value, static in pos:
-                if static:
-                    in_leaves.append(None)
-                    continue
-                leaves, plan = _tree.plan_for(value, self._hint(name))
-                out = [
-                    _leaf_sharding(leaf, ann, mesh, self.__qualname__, name, path)
-                    for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
-                ]
-                in_leaves.append(out)
-                trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
-            kwargs["in_shardings"] = tuple(trees)
+            in_leaves, kwargs["in_shardings"] = self._in_shardings(pos, flat, mesh)
+        values = self._arguments(pos, flat, in_leaves)
         if self._derive_out:
-            kwargs["out_shardings"] = self._out_shardings(pos, kw, mesh)
-        return self._make(self._fun, kwargs), in_leaves
+            kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+        inner = self._make(self._fun, kwargs)
+        if key is not None:
+            with self._lock:
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[key] = (inner, in_leaves)
+        return inner, values, kw
 
-    def _out_shardings(self, pos: list, kw: dict, mesh: Any) -> Any:
+    def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
+        trees, in_leaves = [], []
+        for (name, value, _), f in zip(pos, flat):
+            if f is None:
+                in_leaves.append(None)
+                continue
+            leaves, plan = _tree.plan_for(value, self._hint(name))
+            out = [
+                _leaf_sharding(leaf, ann, mesh, self.__qualname__, name, path)
+                for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+            ]
+            in_leaves.append(out)
+            trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
+        return in_leaves, tuple(trees)
+
+    def _out_shardings(self, values: tuple, kw: dict, mesh: Any) -> Any:
         hint = self._hint_return()
         if hint is None:
             return None
@@ -199,7 +198,7 @@ class AnnotatedJit:
                 spec = None
             if spec is not None:
                 return _bridge.named_sharding(spec, mesh, hint, "return value")
-        out = self._shape_jit.eval_shape(*[v for _, v, _ in pos], **kw)
+        out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint)
         shardings = [
             _leaf_sharding(leaf, ann, mesh, self.__qualname__, "return", path)
@@ -213,7 +212,10 @@ class AnnotatedJit:
         except Exception:
             return None
 
-    def _check_committed(self, pos: list, flat: list, in_leaves: list) -> list:
+    def _arguments(self, pos: list, flat: list, in_leaves: Any) -> tuple:
+        """The arguments, placed as derived; committed mismatches refused."""
+        if in_leaves is None:
+            return tuple(value for _, value, _ in pos)
         values, wrong = [], []
         for (name, value, _), f, shardings in zip(pos, flat, in_leaves):
             if f is None or shardings is None:
@@ -222,7 +224,15 @@ class AnnotatedJit:
             leaves, treedef = f
             moved, changed = list(leaves), False
             for i, (leaf, sharding) in enumerate(zip(leaves, shardings)):
-                if sharding is None or not _committed(leaf):
+                if sharding is None or isinstance(leaf, Tracer):
+                    continue
+                if not _committed(leaf):
+                    # NumPy and uncommitted arrays go where the annotation says,
+                    # as jit would move them; placed first, their types carry the
+                    # sharding (with Explicit axes, in_shardings alone do not).
+                    placed = _place_leaf(leaf, sharding)
+                    if placed is not leaf:
+                        moved[i], changed = placed, True
                     continue
                 if leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
                     continue
@@ -245,7 +255,7 @@ class AnnotatedJit:
                 "jts.sharding_of(annotation, mesh))`), or pass `reshard_inputs=True` "
                 "to `jts.jit` to move it on every call."
             )
-        return values
+        return tuple(values)
 
 
 def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
@@ -280,6 +290,16 @@ def _committed(leaf: Any) -> bool:
         and not isinstance(leaf, Tracer)
         and getattr(leaf, "committed", False)
     )
+
+
+def _place_leaf(leaf: Any, sharding: NamedSharding) -> Any:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        if leaf.sharding is None:
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        return leaf
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return jax.device_put(leaf, sharding)
+    return leaf
 
 
 def _call_mesh(flat: list) -> Any:

@@ -225,7 +225,7 @@ def _global_shapes(given: Any, count: int, where: str) -> list:
     if given is None:
         return [None] * count
     shapes = jax.tree_util.tree_leaves(
-        given, is_leaf=lambda x: x is None or isinstance(x, (tuple, list))
+        given, is_leaf=lambda x: x is None or isinstance(x, tuple)
     )
     if count == 1 and len(shapes) != 1 and all(isinstance(n, int) for n in shapes):
         shapes = [tuple(shapes)]  # a bare shape for a single array
