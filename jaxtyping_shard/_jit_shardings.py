@@ -72,6 +72,7 @@ class AnnotatedJit:
         )
         self._cache: dict = {}
         self._lock = threading.Lock()
+        self._name = getattr(fun, "__qualname__", None) or repr(fun)
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
 
@@ -106,7 +107,7 @@ class AnnotatedJit:
         pos: list = []
         kw: dict = {}
         for i, (name, param) in enumerate(self._sig.parameters.items()):
-            value = bound.arguments.get(name)
+            value: Any = bound.arguments.get(name)
             static = i in self._static_nums or name in self._static_names
             if param.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
                 pos.append((name, value, static))
@@ -120,7 +121,7 @@ class AnnotatedJit:
             dynamic = [k for k, (_, static) in kw.items() if not static]
             if dynamic:
                 raise TypeError(
-                    f"{self.__qualname__}: keyword-only arguments {dynamic} cannot "
+                    f"{self._name}: keyword-only arguments {dynamic} cannot "
                     "take in_shardings (jax.jit applies them to positional "
                     "arguments only). Make them positional, or static."
                 )
@@ -180,7 +181,7 @@ class AnnotatedJit:
                 continue
             leaves, plan = _tree.plan_for(value, self._hint(name))
             out = [
-                _leaf_sharding(leaf, ann, mesh, self.__qualname__, name, path)
+                _leaf_sharding(leaf, ann, mesh, self._name, name, path)
                 for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
             ]
             in_leaves.append(out)
@@ -193,7 +194,7 @@ class AnnotatedJit:
             return None
         if _tree.leaf_annotation(hint) is not None and _bridge.has_sharding(hint):
             try:
-                spec = _bridge.spec_for(hint, None, f"{self.__qualname__} return")
+                spec = _bridge.spec_for(hint, None, f"{self._name} return")
             except Exception:  # its rank depends on the value: trace for it
                 spec = None
             if spec is not None:
@@ -201,7 +202,7 @@ class AnnotatedJit:
         out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint)
         shardings = [
-            _leaf_sharding(leaf, ann, mesh, self.__qualname__, "return", path)
+            _leaf_sharding(leaf, ann, mesh, self._name, "return", path)
             for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
         ]
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
@@ -247,7 +248,7 @@ class AnnotatedJit:
             values.append(value)
         if wrong:
             raise ShardingTypeCheckError(
-                f"{self.__qualname__}: {len(wrong)} argument"
+                f"{self._name}: {len(wrong)} argument"
                 f"{'s are' if len(wrong) > 1 else ' is'} committed to a sharding "
                 "other than the one its annotation asks for, and jit does not move "
                 "committed arrays:\n" + "\n".join(f"  - {w}" for w in wrong) + "\n"
