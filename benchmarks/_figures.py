@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import _placement  # beside this file, as _timing
 import jax
 import jax.numpy as jnp
 import jaxtyping
@@ -360,6 +361,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("compile time", lambda: compile_time(settings)),
         ("trace time", lambda: trace_time(settings)),
         ("first call", lambda: first_call(settings)),
+        ("place", lambda: _placement.place_batch(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

@@ -71,10 +71,13 @@ def place(
         the mesh (a dim cut into `n` shards of which this process holds `k` is
         `n / k` times the local dim). Given (a shape, or a tree of shapes like
         `local`): each local dim must be this process's part or the whole dim.
-    - `verify`: `"shapes"` (default): all processes compare local shapes and
-        dtypes first (one small all-gather); `"checksum"`: also a checksum of the
-        data, so replicas (processes holding the same part) holding different
-        data are caught; `None`: no cross-process check.
+    - `verify`: with several processes, `"shapes"` (default): all processes
+        compare local shapes and dtypes first (one small all-gather, so every
+        process must call `place` with the same tree); `"checksum"`: also a CRC32
+        of each process's data, so replicas (processes holding the same part)
+        that hold different data are caught; `None`: no cross-process check
+        (what `jax.make_array_from_process_local_data` does). On one process
+        there is nothing to compare and nothing runs.
     - `rules`: path rules, as for [`jaxtyping_shard.shardings`][].
 
     **Returns:**
@@ -258,7 +261,7 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
         sharding = _sharding(annotation, mesh, x.ndim, label)
         shardings.append(sharding)
         shapes.append(_rows.global_shape_of(sharding, x.shape, given, label))
-    if verify:
+    if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
         if verify == "checksum":
             _verify.check_replicas(names, arrays, shardings, shapes, where)

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _rows, Float, Int
+from jaxtyping_shard import _rows, _verify, Float, Int
 
 
 Tokens = Int[Array, "batch seq", P("data", None)]
@@ -210,3 +210,16 @@ def test_same_meaning_on_one_process_for_a_replicated_batch(mesh):
         index = tuple(slice(*k) for k in key)
         np.testing.assert_array_equal(blocks[0], _tokens()[index])
         np.testing.assert_array_equal(blocks[1], blocks[0])
+
+
+def test_verification_on_one_process_agrees_with_itself(mesh):
+    # On one process `place` skips it (nothing to compare); the gather and the
+    # verdicts still run here, as on each process of a job (see the 2-process test).
+    local = [_tokens(), np.zeros((3,), np.float32)]
+    names = ["local[0]", "local[1]"]
+    _verify.check_shapes(names, local, "place")
+    shardings = [NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())]
+    _verify.check_replicas(names, local, shardings, [(16, 8), (3,)], "place")
+    assert _verify.checksum(local[0]) != _verify.checksum(local[0] + 1)
+    assert _verify.checksum(local[0]) == _verify.checksum(local[0].copy())
+    assert _rows.replica_groups(shardings[1], 1, [True]) == []  # one process
