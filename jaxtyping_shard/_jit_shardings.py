@@ -22,7 +22,7 @@ import jax
 from jax.core import Tracer
 from jax.sharding import NamedSharding
 
-from . import _bridge, _mesh, _spec, _tree
+from . import _bridge, _mesh, _rules, _spec, _tree
 from ._errors import ShardingTypeCheckError
 from ._place import parameter_hint
 
@@ -145,6 +145,7 @@ class AnnotatedJit:
         mesh = _call_mesh(flat)
         key = (
             mesh,
+            _rules.current(),  # logical annotations resolve through the rules
             tuple(
                 ("static", value) if f is None else (f[1], tuple(map(_leaf_key, f[0])))
                 for (_, value, _), f in zip(pos, flat)

@@ -223,3 +223,40 @@ def test_verification_on_one_process_agrees_with_itself(mesh):
     assert _verify.checksum(local[0]) != _verify.checksum(local[0] + 1)
     assert _verify.checksum(local[0]) == _verify.checksum(local[0].copy())
     assert _rows.replica_groups(shardings[1], 1, [True]) == []  # one process
+
+
+def test_logical_annotations_place_through_the_rules_in_force():
+    mesh = jax.make_mesh(
+        (4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 2
+    )
+    Batch = Int[Array, "batch seq", jts.Logical]
+    local = _tokens()
+    with jts.axis_rules({"batch": "fsdp", "seq": None}):
+        x = jts.place(local, Batch, mesh)
+        assert jts.local_rows(Batch, (16, 8), mesh) == (slice(0, 16), slice(0, 8))
+    assert x.sharding.spec == P("fsdp", None)
+    with jts.axis_rules({"batch": ("fsdp", "tensor"), "seq": None}):
+        y = jts.place(local, Batch, mesh)
+        with pytest.raises(jts.PlacementError, match="'fsdp' .4. x 'tensor' .2."):
+            jts.place(local[:6], Batch, mesh)
+    assert y.sharding.spec == P(("fsdp", "tensor"), None)
+    np.testing.assert_array_equal(np.asarray(y), local)
+
+
+def test_logical_jit_shardings_follow_the_rules():
+    mesh = jax.make_mesh(
+        (4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 2
+    )
+
+    def double(
+        x: Float[Array, "batch embed", jts.Logical],
+    ) -> Float[Array, "batch embed", jts.Logical]:
+        return x * 2
+
+    f = jts.jit(double, in_shardings="annotations", out_shardings="annotations")
+    x = np.ones((8, 4), np.float32)
+    with jax.set_mesh(mesh):
+        with jts.axis_rules({"batch": "fsdp", "embed": None}):
+            assert f(x).sharding.spec == P("fsdp", None)
+        with jts.axis_rules({"batch": None, "embed": "tensor"}):
+            assert f(x).sharding.spec == P(None, "tensor")
