@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 
+from . import _jit_shardings
+
 
 @contextlib.contextmanager
 def sharding_errors() -> Iterator[None]:
@@ -56,16 +58,21 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
 
     - `fun`: the function to compile. May be omitted to use this as
         `@jaxtyping_shard.jit(static_argnums=...)`.
-    - `**jit_kwargs`: passed to `jax.jit`.
+    - `**jit_kwargs`: passed to `jax.jit`, except that
+        `in_shardings="annotations"` and `out_shardings="annotations"` derive
+        `jit`'s shardings from `fun`'s annotations, and `reshard_inputs=True`
+        moves committed arguments placed otherwise instead of raising a
+        [`jaxtyping_shard.ShardingTypeCheckError`][] naming them (see
+        [Input placement](placement.md)).
 
     **Returns:**
 
-    The `jax.jit` object.
+    The `jax.jit` object (with `"annotations"`: a wrapper that derives the
+    shardings per call signature, mesh and rules, with `.lower`, `.trace` and
+    `.eval_shape`).
     """
     if fun is None:
         return ft.partial(jit, **jit_kwargs)
-    from . import _jit_shardings  # imports this module
-
     if _jit_shardings.uses_annotations(jit_kwargs):
         # in_shardings / out_shardings="annotations": derived from the signature.
         return _jit_shardings.AnnotatedJit(fun, jit_kwargs, jax.jit)

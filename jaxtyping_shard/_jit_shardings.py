@@ -40,7 +40,7 @@ def uses_annotations(jit_kwargs: dict) -> bool:
 
 
 class AnnotatedJit:
-    """`make(fun, jit_kwargs)` per derived sharding set, called with them."""
+    """`make(fun, **jit_kwargs)` (`jax.jit`) per derived sharding set, called."""
 
     def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
         kwargs = dict(jit_kwargs)
@@ -166,7 +166,7 @@ class AnnotatedJit:
         values = self._arguments(pos, flat, in_leaves)
         if self._derive_out:
             kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
-        inner = self._make(self._fun, kwargs)
+        inner = self._make(self._fun, **kwargs)
         if key is not None:
             with self._lock:
                 if len(self._cache) >= _CACHE_LIMIT:
