@@ -10,7 +10,7 @@ from typing import Any, Optional
 import jax
 from jax.sharding import AxisType
 
-from . import _mesh, _spec
+from . import _compat, _mesh, _spec
 
 
 class GlobalView:
@@ -64,34 +64,12 @@ def explain_shape(cls: Any, view: GlobalView, message: str) -> str:
     )
 
 
-def varying_axes(aval: Any) -> frozenset[str]:
-    """The manual axes a value varies over (`{V:data}` in JAX's printout)."""
-    axis_type = getattr(aval, "manual_axis_type", None)
-    if axis_type is not None:
-        return frozenset(axis_type.varying)
-    return frozenset(getattr(aval, "vma", ()))  # JAX releases before 0.9
-
-
-def vma_tracked() -> bool:
-    """Whether JAX tracks varying axes here: `shard_map(..., check_vma=False)`
-    turns it off, and then every value looks invariant.
-
-    Read from JAX's private config state (no public API says it); if it cannot
-    be read, assume tracked.
-    """
-    try:
-        from jax._src.config import _check_vma
-    except ImportError:  # pragma: no cover - another JAX
-        return True
-    return bool(_check_vma.value)
-
-
 def check_manual(cls: Any, obj: Any, aval: Any, mesh: Any, manual: frozenset) -> str:
     sizes = _mesh.sizes(mesh)
     ndim = len(aval.shape)
     want = {a for a in cls._jts.axes if a in manual and sizes[a] > 1}
-    varying = {a for a in varying_axes(aval) if sizes.get(a, 1) > 1}
-    if want != varying and vma_tracked():
+    varying = {a for a in _compat.varying_axes(aval) if sizes.get(a, 1) > 1}
+    if want != varying and _compat.vma_tracked():
         missing = sorted(want - varying)
         extra = sorted(varying - want)
         reasons = []

@@ -5,13 +5,7 @@ from typing import Any, Optional
 import jax
 from jax.sharding import AxisType
 
-
-# `with mesh:` (deprecated in JAX 0.7+, still common in user code) sets only the
-# private thread-resources environment, which no public API reads back.
-try:
-    from jax._src.mesh import thread_resources as _thread_resources
-except ImportError:  # pragma: no cover - a JAX without it
-    _thread_resources = None
+from . import _compat
 
 
 def context_mesh() -> Optional[Any]:
@@ -22,7 +16,7 @@ def context_mesh() -> Optional[Any]:
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         return mesh
-    return _legacy_context_mesh()
+    return _compat.legacy_context_mesh()
 
 
 def of_aval(aval: Any) -> Optional[Any]:
@@ -31,13 +25,6 @@ def of_aval(aval: Any) -> Optional[Any]:
     if mesh is None or mesh.empty:
         mesh = context_mesh()
     return None if mesh is None or mesh.empty else mesh
-
-
-def _legacy_context_mesh() -> Optional[Any]:
-    if _thread_resources is None:  # pragma: no cover - a JAX without it
-        return None
-    mesh = _thread_resources.env.physical_mesh
-    return None if mesh.empty else mesh
 
 
 def sizes(mesh: Any) -> dict[str, int]:

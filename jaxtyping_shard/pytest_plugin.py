@@ -7,18 +7,24 @@ sets the count before JAX creates its backends, and never overrides a count the
 user already set (`XLA_FLAGS=--xla_force_host_platform_device_count=...`,
 `JAX_NUM_CPU_DEVICES`, or `jax.config.update("jax_num_cpu_devices", ...)`).
 
+Installed in someone else's environment, it must never fail their suite: it emits
+no warnings (their `filterwarnings = error` would turn one into an abort at
+start-up); what it has to say goes into the report header and the terminal
+summary.
+
 This module imports nothing from jaxtyping_shard or JAX at import time.
 """
 
 import os
 import sys
-import warnings
+from collections import Counter
 
 import pytest
 
 
 _FLAG = "--xla_force_host_platform_device_count"
 _NOTE = pytest.StashKey[str]()
+_SKIP_PREFIX = "jaxtyping_shard mesh fixture: "
 
 
 def pytest_addoption(parser):
@@ -86,13 +92,12 @@ def force_cpu_devices(count: int) -> str:
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except Exception as error:  # backends already initialised
-        warnings.warn(
-            f"jaxtyping_shard could not force {count} CPU devices: JAX was "
-            f"initialised before pytest loaded its plugins ({error}). Set "
-            f"XLA_FLAGS={_FLAG}={count} in the environment instead.",
-            stacklevel=2,
+        # A note in the report header, not a warning: see the module docstring.
+        return (
+            f"could not force {count} CPU devices: JAX was initialised before "
+            f"pytest loaded its plugins ({error}); set XLA_FLAGS={_FLAG}={count} "
+            "in the environment instead"
         )
-        return "too late: JAX already initialised"
     return f"jax_num_cpu_devices={count}"
 
 
@@ -113,6 +118,23 @@ def pytest_report_header(config):
     return None
 
 
+def pytest_terminal_summary(terminalreporter):
+    # Skips are reported as `2 skipped` unless the user asks with -rs; the reason
+    # here says how to get the devices, so it is always shown (and fails nothing).
+    reasons: Counter = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        found = reason.find(_SKIP_PREFIX)
+        if found >= 0:
+            reasons[reason[found + len(_SKIP_PREFIX) :]] += 1
+    for reason, count in sorted(reasons.items()):
+        tests = "test" if count == 1 else "tests"
+        terminalreporter.write_line(
+            f"jaxtyping_shard: {count} {tests} skipped: {reason}", yellow=True
+        )
+
+
 def _devices(count: int):
     import jax
 
@@ -126,7 +148,8 @@ def _devices(count: int):
             devices = cpus
     if len(devices) < count:
         pytest.skip(
-            f"this mesh needs {count} devices and JAX has {len(devices)}; run "
+            f"{_SKIP_PREFIX}this mesh needs {count} devices and JAX has "
+            f"{len(devices)}; run "
             f"pytest with --jax-cpu-devices {count} (or jax_cpu_devices = {count} "
             "in the pytest config)"
         )

@@ -62,7 +62,9 @@ def main(coordinator: str, process_id: int) -> int:
             f"process {process_id}: {what}: no {error_type.__name__} raised"
         )
 
-    explicit = jax.make_mesh((4, 2), ("data", "model"))
+    explicit = jax.make_mesh(
+        (4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit)
+    )
     auto = jax.make_mesh(
         (4, 2), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto)
     )

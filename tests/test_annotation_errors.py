@@ -3,7 +3,7 @@
 import jax
 import jaxtyping
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
@@ -55,7 +55,7 @@ def test_bad_annotation_fails_at_subscription(thunk, fragment):
 
 
 def test_named_sharding_instead_of_spec():
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     with pytest.raises(jts.ShardingAnnotationError, match="The mesh is never written"):
         Float[Array, "b e", NamedSharding(mesh, P("data"))]
 

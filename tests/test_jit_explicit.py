@@ -2,7 +2,7 @@
 
 import jax
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
@@ -74,7 +74,7 @@ def test_intermediate_sharding_follows_jax(checker, mesh_explicit):
 
 
 def test_size_one_axis_in_jit(checker):
-    mesh = jax.make_mesh((8, 1), ("data", "model"))
+    mesh = jax.make_mesh((8, 1), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     A = Float[Array, "b e", P("data", "model")]
     x = place(mesh, (8, 4), P("data"))
     assert jax.jit(make_identity(checker, A, A))(x).shape == (8, 4)

@@ -130,3 +130,93 @@ def test_mesh_4x2_covered_both_kinds():
     from jax.sharding import AxisType
 
     assert _SEEN_4X2 == {AxisType.Explicit, AxisType.Auto}
+
+
+def test_skip_reason_in_default_output(tmp_path):
+    # No device count asked for: the fixture skips, and says why without -rs.
+    body = """
+    def test_mesh(mesh_4x2):
+        pass
+    """
+    out = _run_pytest(tmp_path, body)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 skipped" in out.stdout
+    assert (
+        "jaxtyping_shard: 2 tests skipped: this mesh needs 8 devices and JAX has 1; "
+        "run pytest with --jax-cpu-devices 8"
+    ) in out.stdout
+
+
+EARLY_JAX = """
+import jax
+
+jax.devices()  # initialises the backends before our plugin runs
+"""
+
+
+def test_too_late_is_a_note_not_a_warning(tmp_path):
+    # In a user's suite with filterwarnings = error, a warning from the plugin at
+    # start-up would abort the run: it is a line in the report header instead.
+    (tmp_path / "early_jax.py").write_text(EARLY_JAX)
+    out = _run_pytest(
+        tmp_path,
+        COUNT.format(n=1),
+        "-p",
+        "early_jax",
+        "--jax-cpu-devices",
+        "4",
+        # Every warning an error, but for other plugins' own (pytest-asyncio's).
+        ini="filterwarnings =\n    error\n    default::pytest.PytestWarning",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "jaxtyping_shard: could not force 4 CPU devices" in out.stdout
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=4" in out.stdout
+
+
+NOISY_PLUGIN = """
+import warnings
+
+import pytest
+
+
+def pytest_configure(config):
+    # What pytest-asyncio does when its loop scope is unset.
+    warnings.warn(pytest.PytestDeprecationWarning("set your loop scope"))
+"""
+
+WARNS = """
+import warnings
+
+def test_quiet():
+    pass
+
+def test_deprecated():
+    warnings.warn("old", DeprecationWarning)
+"""
+
+
+def _project_filterwarnings() -> str:
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads(
+        (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    )
+    filters = config["tool"]["pytest"]["ini_options"]["filterwarnings"]
+    return "filterwarnings =\n" + "".join(f"    {f}\n" for f in filters)
+
+
+def test_project_filterwarnings_survive_other_plugins(tmp_path):
+    (tmp_path / "noisy_plugin.py").write_text(NOISY_PLUGIN)
+    plain = _run_pytest(
+        tmp_path, WARNS, "-p", "noisy_plugin", ini="filterwarnings = error"
+    )
+    assert "INTERNALERROR" in plain.stdout + plain.stderr  # the problem reproduced
+    ours = _run_pytest(
+        tmp_path, WARNS, "-p", "noisy_plugin", ini=_project_filterwarnings()
+    )
+    both = ours.stdout + ours.stderr
+    assert "INTERNALERROR" not in both, both
+    assert "1 failed, 1 passed" in ours.stdout, both  # warnings still fail
+    assert "DeprecationWarning: old" in ours.stdout
+    assert "set your loop scope" in both  # shown, not an error

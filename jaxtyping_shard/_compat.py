@@ -1,0 +1,77 @@
+"""Everything that differs between the supported JAX releases, in one place.
+
+Each function says which releases take which branch, and why. The supported range
+and what differs across it are listed in docs/compat.md; CI tests both ends.
+"""
+
+import re
+from typing import Any, Optional
+
+import jax
+from jax.sharding import AxisType
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """`"0.12.0.1"` -> `(0, 12, 0, 1)`; a suffix such as `rc1` or `.dev` is dropped."""
+    match = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(int(p) for p in match.group().split(".")) if match else ()
+
+
+JAX_VERSION: tuple[int, ...] = _version(jax.__version__)
+
+
+def varying_axes(aval: Any) -> frozenset[str]:
+    """The manual mesh axes a value inside `shard_map` varies over (`{V:data}`).
+
+    JAX 0.10 moved them from `aval.vma` to `aval.manual_axis_type.varying`.
+    """
+    axis_type = getattr(aval, "manual_axis_type", None)
+    if axis_type is not None:  # JAX >= 0.10
+        return frozenset(axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()))  # JAX 0.8, 0.9
+
+
+def vma_tracked() -> bool:
+    """Whether JAX tracks varying axes here: `shard_map(..., check_vma=False)` turns
+    it off, and then every value looks invariant.
+
+    Read from JAX's private config state (no public API says it, in any supported
+    release); if it cannot be read, assume tracked.
+    """
+    try:
+        from jax._src.config import _check_vma
+    except ImportError:  # pragma: no cover - a JAX without it
+        return True
+    return bool(_check_vma.value)
+
+
+# `with mesh:` (deprecated from JAX 0.10.1 in favour of `jax.set_mesh`, still
+# common in user code) sets only the private thread-resources environment, which
+# no public API reads back, in every supported release.
+try:
+    from jax._src.mesh import thread_resources as _thread_resources
+except ImportError:  # pragma: no cover - a JAX without it
+    _thread_resources = None
+
+
+def legacy_context_mesh() -> Optional[Any]:
+    """The mesh of an enclosing `with mesh:` block, else `None`."""
+    if _thread_resources is None:  # pragma: no cover - a JAX without it
+        return None
+    mesh = _thread_resources.env.physical_mesh
+    return None if mesh.empty else mesh
+
+
+def legacy_mesh_context_warns() -> bool:
+    """Whether `with mesh:` emits a `DeprecationWarning` (JAX >= 0.10.1)."""
+    return JAX_VERSION >= (0, 10, 1)
+
+
+def make_mesh_default_axis_type() -> Any:
+    """The axis type `jax.make_mesh` gives when `axis_types` is not passed.
+
+    `Auto` in JAX 0.8 (which warns that the default will change), `Explicit` from
+    0.9. The two are checked at different times (trace time vs
+    compile time), so this library's examples and tests always pass `axis_types`.
+    """
+    return AxisType.Explicit if JAX_VERSION >= (0, 9) else AxisType.Auto
