@@ -75,3 +75,16 @@ def make_mesh_default_axis_type() -> Any:
     compile time), so this library's examples and tests always pass `axis_types`.
     """
     return AxisType.Explicit if JAX_VERSION >= (0, 9) else AxisType.Auto
+
+
+def set_user_context_global(context: Any, value: Any) -> None:
+    """Sets the process-wide value of a `jax.make_user_context` context.
+
+    `UserConfig.set_global` is public from JAX 0.10.1; before, the same method is
+    reached on the JAX-private `Config` object behind it (`_obj`).
+    """
+    set_global = getattr(context, "set_global", None)
+    if set_global is not None:  # JAX >= 0.10.1
+        set_global(value)
+    else:
+        context._obj.set_global(value)

@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional, Union
 
 import jax
 
+from . import _compat
 from ._errors import ShardingAnnotationError
 
 
@@ -368,7 +369,7 @@ class _DefaultSetter:
 def _set_default(rules: Optional[AxisRules]) -> None:
     with _default_lock:
         _default[0] = rules
-        _jax_key.set_global(rules)
+        _compat.set_user_context_global(_jax_key, rules)
 
 
 def set_axis_rules(

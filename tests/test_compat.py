@@ -133,3 +133,16 @@ def test_running_python_is_supported():
     declared_python, _ = _declared()
     floor = tuple(int(p) for p in declared_python.split("."))
     assert sys.version_info[: len(floor)] >= floor
+
+
+def test_set_user_context_global():
+    context = jax.make_user_context(None)
+    _compat.set_user_context_global(context, "everywhere")
+    try:
+        assert context.value == "everywhere"
+        with context("here"):
+            assert context.value == "here"
+        assert context.value == "everywhere"
+    finally:
+        _compat.set_user_context_global(context, None)
+    assert context.value is None

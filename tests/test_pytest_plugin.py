@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import jax
+import pytest
 
 
 def _run_pytest(tmp_path, test_body, *args, env_extra=None, ini=""):
@@ -211,7 +212,8 @@ def test_project_filterwarnings_survive_other_plugins(tmp_path):
     plain = _run_pytest(
         tmp_path, WARNS, "-p", "noisy_plugin", ini="filterwarnings = error"
     )
-    assert "INTERNALERROR" in plain.stdout + plain.stderr  # the problem reproduced
+    if pytest.version_tuple >= (9,):  # 8.0 does not yet apply filters at start-up
+        assert "INTERNALERROR" in plain.stdout + plain.stderr  # the problem
     ours = _run_pytest(
         tmp_path, WARNS, "-p", "noisy_plugin", ini=_project_filterwarnings()
     )
