@@ -110,7 +110,14 @@ def _physical(cls: Any, obj: Any) -> Any:
     table gives a new physical annotation, with verdict caches of its own.
     """
     rules = _rules.current()
-    if isinstance(obj, Tracer):
+    tracer = isinstance(obj, Tracer)  # never read a tracer's `.sharding` (slow)
+    fast = cls._jts_fast
+    # The last concrete array's sharding object, the rules and the shape: a hit
+    # needs no hashing (a NamedSharding carries its mesh, so it fixes the mesh).
+    if not tracer and fast[0] is getattr(obj, "sharding", None) and fast[1] is rules:
+        if fast[2] == obj.shape:
+            return fast[3]
+    if tracer:
         aval = jax.typeof(obj)
         mesh = _mesh.of_aval(aval)
         manual = mesh is not None and AxisType.Manual in mesh.axis_types
@@ -131,6 +138,8 @@ def _physical(cls: Any, obj: Any) -> Any:
         if len(twins) >= _TWIN_LIMIT:
             twins.clear()
         twins[key] = twin
+    if not tracer and type(getattr(obj, "sharding", None)) is NamedSharding:
+        cls._jts_fast = (obj.sharding, rules, obj.shape, twin)
     return twin
 
 
@@ -181,6 +190,7 @@ def _wrap(
             _jts_spec_arg=spec_arg,
             _jts_logical=isinstance(layout, _logical.LogicalLayout),
             _jts_twins={},
+            _jts_fast=(_NOTHING, None, None, None),
             _jts_twins_by_text={},
         ),
     )

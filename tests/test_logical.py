@@ -317,3 +317,71 @@ def test_shardings_of_a_tree_follow_the_table(mesh_explicit_ft):
         with jts.axis_rules(rules):
             out = jts.shardings(params, mesh_explicit_ft, annotations=annotations)
         assert {k: v.spec for k, v in out.items()} == specs
+
+
+# -- through the checkers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("wrap", ["eager", "jax.jit"])
+def test_resolution_errors_reach_the_caller_unwrapped(checker, wrap, mesh):
+    # Not a value that fails its type: a table that cannot mean anything. Every
+    # checker lets the ShardingAnnotationError through as it is.
+    f = make_identity(checker, Square, Square)
+    f = jax.jit(f) if wrap == "jax.jit" else f
+    w = place(mesh, (8, 8), P("fsdp"))
+    with (
+        jts.axis_rules(FSDP),
+        pytest.raises(
+            jts.ShardingAnnotationError, match=r"dims 0 \(`embed`\) and 1 \(`embed`\)"
+        ),
+    ):
+        f(w)
+
+
+def test_jts_jaxtyped_message_names_the_rules(mesh_explicit_ft):
+    from beartype import beartype
+
+    @jts.jaxtyped(typechecker=beartype)
+    def f(x: Square) -> Square:
+        return x
+
+    w = place(mesh_explicit_ft, (8, 8), P("fsdp"))
+    with jts.axis_rules({"embed": "tensor"}, conflicts="first"):
+        with pytest.raises(CHECK_ERRORS) as info:
+            f(w)
+    message = str(info.value)
+    assert "argument `x` of `" in message
+    assert (
+        "this array is sharded as `float32[8@fsdp,8]`, not P('tensor', None) (from "
+        "logical `embed embed` by the axis rules {'embed': 'tensor'} "
+        "(conflicts='first')) as expected by the type hint (mesh ('fsdp': 4, "
+        "'tensor': 2))"
+    ) in message
+
+
+def test_cached_resolution_sees_the_shape(mesh_explicit_ft):
+    # One sharding object for two shapes: `a` = 2 is not divided by fsdp's 4, so
+    # the fallback list replicates it; `a` = 8 is, so it must be sharded.
+    A = Float[Array, "a b", jts.Logical]
+    replicated = jax.sharding.NamedSharding(mesh_explicit_ft, P())
+    small = jax.device_put(jax.numpy.ones((2, 4)), replicated)
+    large = jax.device_put(jax.numpy.ones((8, 4)), replicated)
+    assert small.sharding is large.sharding
+    with jts.axis_rules({"a": ["fsdp", None], "b": None}):
+        for _ in range(2):
+            assert isinstance(small, A)
+            assert not isinstance(large, A)
+
+
+def test_cached_resolution_sees_the_context_mesh(mesh_explicit_ft):
+    # A single-device array has no mesh of its own: the context mesh decides
+    # whether the rule's axis exists.
+    A = Float[Array, "a", jts.Logical]
+    x = jax.device_put(jax.numpy.ones(8))
+    with jts.axis_rules({"a": "fsdp"}):
+        assert not isinstance(x, A)  # no mesh: sharded over fsdp, it cannot be
+        other = make_mesh((8,), ("data",), "explicit")
+        with jax.set_mesh(other), pytest.raises(jts.ShardingAnnotationError):
+            isinstance(x, A)
+        with jax.set_mesh(mesh_explicit_ft):
+            assert not isinstance(x, A)
