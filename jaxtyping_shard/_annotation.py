@@ -23,7 +23,7 @@ from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_chec
 
 from . import _logical, _manual, _mesh, _notation, _rules, _spec, _typeguard
 from ._check import check
-from ._config import current_mode
+from ._config import mode_reader
 from ._errors import ShardingAnnotationError
 
 
@@ -55,7 +55,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
                 return True
         except AttributeError:  # a NumPy array, say: it lives on one device
             pass
-        if current_mode() == "off":
+        if mode_reader.value == "off":
             return True
         return cls._jts_sharding_str(obj) == ""
 
@@ -64,7 +64,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
 
     def _jts_sharding_str(cls, obj: Any) -> str:
         """The sharding part of the check, after jaxtyping's has passed."""
-        if cls._skip_instancecheck or current_mode() == "off":
+        if cls._skip_instancecheck or mode_reader.value == "off":
             return ""
         if cls._jts_logical:
             cls = _physical(cls, obj)

@@ -88,3 +88,15 @@ def set_user_context_global(context: Any, value: Any) -> None:
         set_global(value)
     else:
         context._obj.set_global(value)
+
+
+def get_user_context_global(context: Any) -> Any:
+    """The process-wide value of a `jax.make_user_context` context.
+
+    `UserConfig.get_global` is public from JAX 0.10.1; before, the same method is
+    reached on the JAX-private `Config` object behind it (`_obj`).
+    """
+    get_global = getattr(context, "get_global", None)
+    if get_global is not None:  # JAX >= 0.10.1
+        return get_global()
+    return context._obj.get_global()

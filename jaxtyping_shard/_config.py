@@ -16,6 +16,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import jax
 
+from . import _compat
+
 
 Mode = Literal["check", "warn", "off"]
 MODES: tuple[str, ...] = ("check", "warn", "off")
@@ -93,20 +95,20 @@ class ContextState(Generic[_T]):
         return self._reader.value
 
     def get_default(self) -> _T:
-        return self._context.get_global()
+        return _compat.get_user_context_global(self._context)
 
     def set_default(self, value: _T) -> _T:
         """Sets the process-wide default; returns the previous one."""
         with self._lock:
-            previous = self._context.get_global()
-            self._context.set_global(value)
+            previous = _compat.get_user_context_global(self._context)
+            _compat.set_user_context_global(self._context, value)
         return previous
 
     def restore_default(self, value: _T, *, if_still: _T) -> None:
         """Sets the default back to `value` unless another call changed it since."""
         with self._lock:
-            if self._context.get_global() == if_still:
-                self._context.set_global(value)
+            if _compat.get_user_context_global(self._context) == if_still:
+                _compat.set_user_context_global(self._context, value)
 
     def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
@@ -143,12 +145,13 @@ class ContextState(Generic[_T]):
 
 
 MODE: ContextState[str] = ContextState("mode", _mode_from_env())
-_mode_reader = MODE._reader
+# Read `mode_reader.value` on hot paths: it saves a function call on each check.
+mode_reader = MODE._reader
 
 
 def current_mode() -> str:
     """The mode in force in this thread (hot path: one read of JAX's state)."""
-    return _mode_reader.value
+    return mode_reader.value
 
 
 class _ModeSetter:

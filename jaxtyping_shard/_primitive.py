@@ -19,6 +19,7 @@ The check object travels as a parameter (`check`, compared by identity) along wi
 `batch_dims`, the positions of the batch dims in the value the primitive sees.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -218,6 +219,16 @@ class Untileable:
         self.reason = reason
 
 
+@functools.lru_cache(maxsize=64)
+def _mesh_over(devices: tuple, abstract: Any) -> Any:
+    """The concrete mesh of `abstract`'s axes over a compile's devices."""
+    return jax.sharding.Mesh(
+        np.array(devices).reshape(abstract.axis_sizes),
+        abstract.axis_names,
+        axis_types=abstract.axis_types,
+    )
+
+
 def _lower_inspect(
     ctx: Any, value: Any, report: Callable[[Any], None], value_mesh: Any
 ) -> None:
@@ -248,11 +259,7 @@ def _lower_inspect(
                 f"jaxtyping_shard: no mesh of {len(devices or ())} devices to check "
                 "shardings on; please report this at the project's issue tracker"
             )
-        mesh = jax.sharding.Mesh(
-            np.array(devices).reshape(abstract.axis_sizes),
-            abstract.axis_names,
-            axis_types=abstract.axis_types,
-        )
+        mesh = _mesh_over(tuple(devices), abstract)
     elif isinstance(axis_context, sharding_impls.SPMDAxisContext):
         mesh = axis_context.mesh
         devices = mesh._flat_devices_tuple
