@@ -16,6 +16,7 @@ from ._errors import (
     ShardingWarning as ShardingWarning,
 )
 from ._explain import explain as explain, Explanation as Explanation
+from ._init import abstract as abstract, sharded_init as sharded_init
 from ._jaxtyped import jaxtyped as jaxtyped
 from ._jit import jit as jit, sharding_errors as sharding_errors
 from ._logical import Logical as Logical

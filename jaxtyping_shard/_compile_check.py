@@ -39,7 +39,20 @@ FIX = (
 
 def schedule(cls: Any, obj: Any, aval: Any, mesh: Any, mode: str) -> None:
     """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes)."""
-    _primitive.bind(obj, CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode))
+    check = CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode)
+    _primitive.bind(obj, check)
+    if watching.checks is not None:
+        watching.checks.append((obj, check))
+
+
+class _Watching(threading.local):
+    # A list while `sharded_init` traces its function: `(value, check)` for every
+    # check scheduled, so that the checks of values the function returns can be
+    # moved onto the concrete result (`CompileTimeCheck.on_result`).
+    checks: Optional[list] = None
+
+
+watching = _Watching()
 
 
 class CompileTimeCheck:
@@ -52,6 +65,10 @@ class CompileTimeCheck:
         self.mesh = mesh
         self.site = site
         self.mode = mode
+        # True: the value is a result of `sharded_init`, checked on the concrete
+        # array instead; XLA may report another layout for an internal copy of it
+        # (a constant copied per user), which would be a false alarm.
+        self.on_result = False
 
     def __repr__(self) -> str:
         return f"<check {self.cls._jts.text} on {self.site.describe()}>"
@@ -157,6 +174,8 @@ class Compile:
 
     def report(self, index: int, sharding: Any) -> None:
         check, batch_dims = self.checks[index]
+        if check.on_result:
+            return
         mismatch = check.mismatch(sharding, batch_dims)
         if mismatch is None:
             return

@@ -1,0 +1,403 @@
+"""`sharded_init` and `abstract`: create a tree of parameters where it will live.
+
+The steps, each reusing the one path from annotation to sharding:
+
+1. Trace `fn` abstractly (`jax.eval_shape`) under an all-`Auto` copy of the mesh:
+   shapes and dtypes, no data. With `Auto` axes the sharding checks inside `fn`
+   (a `@jaxtyped` module's `__init__`) are compile-time checks, scheduled and
+   never run by `eval_shape`, so they cannot raise a false alarm on values that
+   are not placed yet.
+2. One `NamedSharding` per array leaf, from the tree walk and the bridge
+   (`_init_plan`); every leaf that cannot be laid out is reported before
+   compiling.
+3. Compile `fn` once with those `out_shardings`. On `Explicit` axes it runs
+   inside `jax.sharding.auto_axes`: there XLA creates each parameter directly in
+   shards (a plain `jit` on an Explicit mesh materialises every full parameter
+   first), and the module's own sharding checks run when XLA compiles, on the
+   layout XLA chose, and raise a `ShardingTypeCheckError`.
+4. Verify every leaf of the result against its sharding (metadata only).
+"""
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from . import _bridge, _compile_check, _init_plan, _lowering, _mesh, _spec
+from ._config import current_mode
+from ._errors import ShardingTypeCheckError, ShardingWarning
+from ._jit import sharding_errors
+
+
+def _is_dynamic(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _split(tree: Any, keep: Callable[[Any], bool]) -> tuple[list, list, Any]:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    dynamic = [x if keep(x) else None for x in leaves]
+    static = [None if keep(x) else x for x in leaves]
+    return dynamic, static, treedef
+
+
+def _merge(dynamic: list, static: list, treedef: Any) -> Any:
+    leaves = [s if d is None else d for d, s in zip(dynamic, static)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class _Traced:
+    """`fn` as a function of its array inputs only, returning array leaves only."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self.fn = fn
+        self.inputs, self.in_static, self.in_treedef = _split(
+            (args, kwargs), _is_dynamic
+        )
+        self.out_static: Optional[list] = None
+        self.out_treedef: Any = None
+        # Compile-time checks of values that `fn` returns: (output index, cls,
+        # site), run on the concrete result instead (see `_defer_checks`).
+        self.deferred: list = []
+
+    def __call__(self, inputs: list) -> list:
+        args, kwargs = _merge(inputs, self.in_static, self.in_treedef)
+        previous = _compile_check.watching.checks
+        collected: list = []
+        _compile_check.watching.checks = collected
+        try:
+            out = self.fn(*args, **kwargs)
+        finally:
+            _compile_check.watching.checks = previous
+        arrays, self.out_static, self.out_treedef = _split(out, _init_plan.is_array)
+        arrays = [x for x in arrays if x is not None]
+        self.deferred = _defer_checks(collected, arrays)
+        return arrays
+
+    def rebuild(self, arrays: list) -> Any:
+        assert self.out_static is not None
+        it = iter(arrays)
+        dynamic = [next(it) if s is None else None for s in self.out_static]
+        return _merge(dynamic, self.out_static, self.out_treedef)
+
+
+def _defer_checks(collected: list, outputs: list) -> list:
+    """The compile-time checks of values `fn` returns, moved onto the result.
+
+    A check of a value that `fn` returns (a module's field, as its generated
+    `__init__` receives it) is a check of the result: it runs on the concrete
+    array, whose layout is the annotated one. Checked inside the compile, XLA may
+    report another layout for the same value (a constant it copies per user),
+    which would be a false alarm. Checks of intermediates stay compile-time.
+    """
+    where = {id(x): i for i, x in enumerate(outputs)}
+    deferred = []
+    for obj, check in collected:
+        if id(obj) in where:
+            check.on_result = True
+            deferred.append((where[id(obj)], check))
+    return deferred
+
+
+def _run_deferred(traced: "_Traced", arrays: list, tree: Any) -> None:
+    if not traced.deferred:
+        return
+    paths = [p for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+             if _init_plan.is_array(x)]
+    failures: dict = {}
+    for index, check in traced.deferred:
+        mismatch = check.mismatch(arrays[index].sharding, ())
+        if mismatch is None or check.mode == "off":
+            continue
+        text = (
+            f"{mismatch.replace('XLA sharded it', 'it is sharded', 1)}; created as "
+            f"output{jax.tree_util.keystr(paths[index])}"
+        )
+        if check.mode == "warn":
+            warnings.warn(text, ShardingWarning, stacklevel=4)
+        else:
+            failures.setdefault(text)  # jaxtyped re-checks arguments
+    if failures:
+        raise ShardingTypeCheckError(
+            "sharded_init: checks in the function, run on its result:\n  "
+            + "\n  ".join(failures)
+        )
+
+
+def _concrete_mesh(mesh: Any, what: str) -> Mesh:
+    mesh = _bridge.resolve_mesh(mesh, what)
+    if not isinstance(mesh, Mesh):
+        raise ValueError(
+            f"{what} needs a concrete `jax.sharding.Mesh` (devices, not only axis "
+            f"names), not {type(mesh).__name__}: pass `mesh=`, or call it outside "
+            "`jit` under `jax.set_mesh(mesh)`."
+        )
+    return mesh
+
+
+def _all_auto(mesh: Mesh) -> Mesh:
+    kinds = (AxisType.Auto,) * len(mesh.axis_names)
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=kinds)
+
+
+def _abstract(traced: _Traced, mesh: Mesh) -> Any:
+    """The output tree with `jax.ShapeDtypeStruct` array leaves (no shardings)."""
+    # Inputs without shardings: a key made under another `jax.set_mesh` would
+    # carry that mesh into a trace under this one.
+    inputs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
+              for x in traced.inputs]
+    with jax.set_mesh(_all_auto(mesh)):
+        shapes = jax.eval_shape(traced, inputs)
+    return traced.rebuild(shapes)
+
+
+def _plan(fn, args, kwargs, mesh, annotations, rules, stacked, strict, what):
+    mesh = _concrete_mesh(mesh, what)
+    traced = _Traced(fn, args, kwargs)
+    abstract_tree = _abstract(traced, mesh)
+    shardings = _init_plan.leaf_shardings(
+        abstract_tree, mesh, annotations, rules, stacked, strict, what
+    )
+    return mesh, traced, abstract_tree, shardings
+
+
+def _options(mesh, annotations, rules, stacked, strict) -> dict:
+    return dict(
+        mesh=mesh, annotations=annotations, rules=rules, stacked=stacked, strict=strict
+    )
+
+
+def compile_init(
+    fn: Callable,
+    *args: Any,
+    mesh: Any = None,
+    annotations: Any = None,
+    rules: Optional[Mapping[str, Any]] = None,
+    stacked: Optional[Mapping[str, Any]] = None,
+    strict: bool = False,
+    **kwargs: Any,
+) -> tuple[Any, Callable[[], Any]]:
+    """`(compiled, run)`: the compiled init (for `memory_analysis()`) and a thunk
+    that runs it and returns the verified tree. Used by `sharded_init`, tests and
+    the benchmark."""
+    mesh, traced, _, shardings = _plan(
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "sharded_init"
+    )
+    out_shardings = [s for s in shardings if s is not None]
+    body: Callable = traced
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    if explicit:
+        # XLA creates each parameter in shards only where it may choose the layout.
+        body = jax.sharding.auto_axes(
+            traced,
+            axes=tuple(explicit),
+            out_sharding=[_only_axes(s, explicit) for s in out_shardings],
+        )
+    # The inputs (keys, sizes) are small: replicated on the mesh, from any device
+    # or mesh they were made on.
+    replicated = NamedSharding(mesh, PartitionSpec())
+    inputs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                         sharding=replicated)
+              for x in traced.inputs]
+    jitted = jax.jit(body, out_shardings=out_shardings)
+    with jax.set_mesh(mesh), sharding_errors():
+        with _lowering.unrolled_threefry_on_cpu():
+            lowered = jitted.trace(inputs).lower()
+        compiled = lowered.compile()  # compile-time sharding checks run here
+
+    def run() -> Any:
+        args = [None if x is None else jax.device_put(x, replicated)
+                for x in traced.inputs]
+        with jax.set_mesh(mesh), sharding_errors():
+            arrays = compiled(args)
+        tree = traced.rebuild(arrays)
+        _run_deferred(traced, arrays, tree)
+        verify(tree, shardings, "sharded_init")
+        return tree
+
+    return compiled, run
+
+
+def _only_axes(sharding: NamedSharding, axes: frozenset) -> NamedSharding:
+    # `auto_axes` reshards to its `out_sharding` on the caller's mesh, where only
+    # Explicit axes may be named; `jit`'s `out_shardings` places the Auto ones.
+    entries = [
+        tuple(a for a in e if a in axes) for e in _spec.entries_of(sharding.spec)
+    ]
+    spec = PartitionSpec(*(e[0] if len(e) == 1 else (e or None) for e in entries))
+    return NamedSharding(sharding.mesh, spec)
+
+
+def verify(tree: Any, shardings: list, what: str) -> None:
+    """Every array leaf of `tree` is laid out as its sharding says (metadata only)."""
+    if current_mode() == "off":
+        return
+    leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    wrong = []
+    mesh = None
+    for (path, leaf), want in zip(leaves_with_paths, shardings):
+        if want is None:
+            continue
+        mesh = want.mesh
+        got = getattr(leaf, "sharding", None)
+        ndim = len(leaf.shape)
+        if got is None or not got.is_equivalent_to(want, ndim):
+            shown = (
+                _spec.format_array(leaf.dtype, leaf.shape, _spec.entries_of(got.spec))
+                if isinstance(got, NamedSharding)
+                else f"{_spec.format_array(leaf.dtype, leaf.shape, ())} ({got})"
+            )
+            expected = _spec.format_array(
+                leaf.dtype, leaf.shape, _spec.entries_of(want.spec)
+            )
+            wrong.append(f"  output{jax.tree_util.keystr(path)}: `{shown}`, "
+                         f"not `{expected}`")
+    if wrong:
+        message = (
+            f"{what}: after init, {len(wrong)} leaf/leaves are not laid out as "
+            f"annotated (mesh {_mesh.format_mesh(mesh)}):\n" + "\n".join(wrong)
+        )
+        if current_mode() == "warn":
+            warnings.warn(message, ShardingWarning, stacklevel=3)
+            return
+        raise ShardingTypeCheckError(message)
+
+
+def sharded_init(
+    fn: Callable,
+    *args: Any,
+    mesh: Any = None,
+    annotations: Any = None,
+    rules: Optional[Mapping[str, Any]] = None,
+    stacked: Optional[Mapping[str, Any]] = None,
+    strict: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Calls `fn(*args, **kwargs)`, creating every leaf already sharded as annotated.
+
+    !!! Example
+
+        ```python
+        import equinox as eqx
+        import jax
+        import jaxtyping_shard as jts
+        from beartype import beartype
+        from jax.sharding import AxisType, PartitionSpec as P
+        from jaxtyping import Array, jaxtyped
+        from jaxtyping_shard import Float
+
+        @jaxtyped(typechecker=beartype)
+        class Linear(eqx.Module):
+            weight: Float[Array, "embed mlp", P(None, "model")]
+            bias: Float[Array, "mlp@model"]
+
+            def __init__(self, key):
+                self.weight = jax.random.normal(key, (16, 32))
+                self.bias = jax.numpy.zeros(32)
+
+        mesh = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(AxisType.Explicit,) * 2)
+        layer = jts.sharded_init(Linear, jax.random.key(0), mesh=mesh)
+        assert layer.weight.sharding.spec == P(None, "model")
+        ```
+
+    `fn` is compiled once. Each parameter is created in shards: no device holds
+    a whole sharded parameter, on `Explicit`, `Auto` and mixed meshes. The
+    sharding checks of a `@jaxtyped` module's `__init__` run for real, when XLA
+    compiles `fn`, and every leaf of the result is verified against its
+    annotation afterwards. See [Sharded initialisation](sharded_init.md).
+
+    **Arguments:**
+
+    - `fn`: a module class or any function returning a pytree. Its array
+        arguments (PRNG keys included) are traced; the others are static.
+    - `*args`, `**kwargs`: passed to `fn`. Pass an argument named like an option
+        below through `functools.partial`.
+    - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`).
+    - `annotations`, `rules`: as for [`jaxtyping_shard.shardings`][]: an
+        annotation tree or type hint, and path rules, for leaves whose fields
+        are not annotated (third-party modules).
+    - `stacked`: `{pattern: n}` declares that the leaves matching the path
+        pattern (the rules' syntax, e.g. `"blocks/**"`) have `n` extra leading
+        dims before the ones their annotation describes (layers stacked with
+        `eqx.filter_vmap`), replicated; `{pattern: ("pipe",)}` shards them.
+    - `strict`: `False` (default): unannotated array leaves are replicated.
+        `True`: they are an error.
+
+    **Returns:**
+
+    The tree `fn` returns, its array leaves placed as annotated; non-array leaves
+    and static fields as `fn` made them.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] before compiling, listing every
+    leaf whose dims its mesh axes do not divide (with the padded size that
+    would), that names an axis the mesh lacks, or whose rank contradicts its
+    annotation. [`jaxtyping_shard.ShardingTypeCheckError`][] when a check in `fn`
+    fails when XLA compiles it, or a leaf of the result is not laid out as
+    annotated.
+    """
+    options = _options(mesh, annotations, rules, stacked, strict)
+    _, run = compile_init(fn, *args, **options, **kwargs)
+    return run()
+
+
+def abstract(
+    fn: Callable,
+    *args: Any,
+    mesh: Any = None,
+    annotations: Any = None,
+    rules: Optional[Mapping[str, Any]] = None,
+    stacked: Optional[Mapping[str, Any]] = None,
+    strict: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """The tree `fn(*args, **kwargs)` would return, as `jax.ShapeDtypeStruct`s with
+    the shardings their annotations ask for. Nothing is computed or allocated.
+
+    !!! Example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        import jaxtyping_shard as jts
+        from jax.sharding import AxisType, PartitionSpec as P
+
+        mesh = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(AxisType.Auto,) * 2)
+        tree = jts.abstract(lambda: {"w": jnp.zeros((8, 4))}, mesh=mesh,
+                            annotations={"w": P("data", None)})
+        assert tree["w"].sharding.spec == P("data", None)
+        ```
+
+    Unlike `jax.eval_shape`, this reports shardings on `Auto` meshes too
+    (jax#19656): the targets that restoring a checkpoint, or
+    `jax.make_array_from_process_local_data`, need.
+
+    **Arguments:** as for [`jaxtyping_shard.sharded_init`][].
+
+    **Returns:**
+
+    The tree with a `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` for every
+    array leaf (replicated where unannotated), the other leaves as they are.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] as `sharded_init` does before
+    compiling.
+    """
+    _, traced, tree, shardings = _plan(
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract"
+    )
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = [
+        leaf
+        if sharding is None
+        else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        for leaf, sharding in zip(leaves, shardings)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
