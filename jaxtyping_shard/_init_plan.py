@@ -151,7 +151,13 @@ def leaf_shardings(
             out.append(None)
             continue
         try:
-            inner = _bridge.spec_for(annotation, len(shape) - len(lead), name)
+            inner = _bridge.spec_for(
+                annotation,
+                len(shape) - len(lead),
+                name,
+                shape=shape[len(lead) :],
+                mesh=mesh,  # logical annotations resolve here, with the rules in force
+            )
         except ShardingAnnotationError as error:
             hint = (
                 " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "

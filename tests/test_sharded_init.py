@@ -327,3 +327,21 @@ def test_verify_names_the_leaf_without_moving_data():
             _init.verify(tree, [good], "sharded_init")
         with jts.set_mode("off"):
             _init.verify(tree, [good], "sharded_init")
+
+
+@jaxtyped(typechecker=beartype)
+class LogicalDense(eqx.Module):
+    w: Float[Array, "embed mlp", jts.Logical]
+
+
+def test_logical_annotations_follow_the_rules_in_force():
+    mesh = MESHES["explicit"]()
+    make = lambda key: LogicalDense(jax.random.normal(key, (16, 8)))  # noqa: E731
+    key = jax.random.key(0)
+    with jts.axis_rules({"embed": "data", "mlp": "model"}):
+        out = jts.sharded_init(make, key, mesh=mesh)
+        tree = jts.abstract(make, key, mesh=mesh)
+    assert _spec_is(out.w, P("data", "model")) and _spec_is(tree.w, P("data", "model"))
+    with jts.axis_rules({"embed": None, "mlp": "data"}):
+        out = jts.sharded_init(make, key, mesh=mesh)
+    assert _spec_is(out.w, P(None, "data"))
