@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import _placement  # beside this file, as _timing
+import _init_memory  # beside this file, as _timing
 import jax
 import jax.numpy as jnp
 import jaxtyping
@@ -362,6 +363,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("trace time", lambda: trace_time(settings)),
         ("first call", lambda: first_call(settings)),
         ("place", lambda: _placement.place_batch(settings)),
+        ("sharded_init memory", lambda: _init_memory.figures(smoke)),
     ]
     figures: list[dict] = []
     for label, step in steps:

@@ -208,7 +208,7 @@ def compile_init(
         compiled = lowered.compile()  # compile-time sharding checks run here
 
     def run() -> Any:
-        args = [None if x is None else jax.device_put(x, replicated)
+        args = [None if x is None else _replicate(x, replicated)
                 for x in traced.inputs]
         with jax.set_mesh(mesh), sharding_errors():
             arrays = compiled(args)
@@ -218,6 +218,18 @@ def compile_init(
         return tree
 
     return compiled, run
+
+
+def _replicate(x: Any, sharding: NamedSharding) -> Any:
+    """`x` (the same value in every process) replicated over the whole mesh."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    # Across processes: each contributes its copy, as JAX's multi-host API asks
+    # (JAX cannot tell when the processes' copies differ).
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = _replicate(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
 
 def _only_axes(sharding: NamedSharding, axes: frozenset) -> NamedSharding:
