@@ -58,7 +58,7 @@ def figures(smoke: bool) -> list[dict]:
         temp = compiled.memory_analysis().temp_size_in_bytes
         out.append(
             _row(
-                f"7. sharded_init temporaries, {kind.name}",
+                f"9. sharded_init temporaries, {kind.name}",
                 f"{n}x{n} f32 weights, temp bytes/device over one shard",
                 temp,
                 shard,
@@ -70,7 +70,7 @@ def figures(smoke: bool) -> list[dict]:
             plain = jax.jit(_fn(n), out_shardings=shardings).lower(key).compile()
         out.append(
             _row(
-                f"7. jit(out_shardings) temps, {kind.name}",
+                f"9. jit(out_shardings) temps, {kind.name}",
                 "the same init with jax.jit alone (baseline)",
                 plain.memory_analysis().temp_size_in_bytes,
                 shard,

@@ -53,6 +53,8 @@ class _Traced:
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict):
         self.fn = fn
+        # JAX names the compiled module (and compile-time errors name it) after this.
+        self.__name__ = f"sharded_init_{getattr(fn, '__name__', 'fn')}"
         self.inputs, self.in_static, self.in_treedef = _split(
             (args, kwargs), _is_dynamic
         )

@@ -135,7 +135,8 @@ def test_custom_init_fields_verified_on_the_output(mesh):
 
 
 def test_checks_inside_init_run_and_fail(mesh):
-    with pytest.raises(jts.ShardingTypeCheckError, match="checked when the function"):
+    match = "while compiling `sharded_init_Mislabelled`: argument `w` of `_rows`"
+    with pytest.raises(jts.ShardingTypeCheckError, match=match):
         jts.sharded_init(Mislabelled, jax.random.key(0), mesh=mesh)
 
 
@@ -345,3 +346,29 @@ def test_logical_annotations_follow_the_rules_in_force():
     with jts.axis_rules({"embed": None, "mlp": "data"}):
         out = jts.sharded_init(make, key, mesh=mesh)
     assert _spec_is(out.w, P(None, "data"))
+
+
+def test_checks_of_returned_values_run_on_the_result(mesh):
+    # `annotations=` overrides the field's layout, so Dense.__init__'s own check of
+    # `weight` (deferred to the result) must fail, with the leaf's key path.
+    ann = {"weight": P(None, "model"), "bias": None, "scale": None}
+    key = jax.random.key(0)
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jts.sharded_init(Linear, key, mesh=mesh, annotations=ann)
+    text = str(info.value)
+    assert "argument `weight` of `Dense.__init__`" in text, text
+    assert "created as output.weight" in text and "float32[16,8@model]" in text, text
+    with jts.set_mode("warn"), pytest.warns(jts.ShardingWarning, match="output.weight"):
+        out = jts.sharded_init(Linear, key, mesh=mesh, annotations=ann)
+    assert _spec_is(out.weight, P(None, "model"))
+
+
+def test_explain_shows_the_result():
+    mesh = MESHES["explicit"]()
+    layer = jts.sharded_init(Linear, jax.random.key(0), mesh=mesh)
+    table = jts.explain(layer, mesh)
+    rows = {row.path: row for row in table.rows}
+    weight = next(r for p, r in rows.items() if "weight" in p)
+    assert tuple(weight.shard_shape) == layer.weight.addressable_shards[0].data.shape
+    assert weight.bytes_per_device == 16 * 8 * 4 // 8
+    assert "weight" in str(table) and "bias" in str(table)
