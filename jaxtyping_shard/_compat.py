@@ -100,3 +100,17 @@ def get_user_context_global(context: Any) -> Any:
     if get_global is not None:  # JAX >= 0.10.1
         return get_global()
     return context._obj.get_global()
+
+
+def threefry_module() -> Any:
+    """The private module holding `threefry2x32_p` and its lowering rules.
+
+    `jax._src.random.threefry2x32` in newer JAX (0.10 has it); `jax._src.prng` in
+    older releases (0.8). Used only by `_lowering`, which explains why.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module("jax._src.random.threefry2x32")
+    except ImportError:  # older JAX
+        return importlib.import_module("jax._src.prng")

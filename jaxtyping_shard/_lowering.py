@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from . import _compat
+
 
 _lock = threading.Lock()
 
@@ -28,8 +30,8 @@ _lock = threading.Lock()
 def _internals() -> Any:
     try:
         from jax._src.interpreters import mlir
-        from jax._src.random import threefry2x32 as threefry
 
+        threefry = _compat.threefry_module()
         table = mlir._platform_specific_lowerings["cpu"]
         entry = mlir.LoweringRuleEntry(threefry._threefry2x32_lowering_rule, False)
         return table, threefry.threefry2x32_p, entry

@@ -66,17 +66,14 @@ def test_rolled_cpu_threefry_is_what_the_lowering_choice_avoids(monkeypatch):
 
 
 def test_lowering_swap_is_scoped_and_keeps_the_bits():
-    from jax._src.interpreters import mlir
-    from jax._src.random import threefry2x32
-
-    table = mlir._platform_specific_lowerings["cpu"]
-    before = table[threefry2x32.threefry2x32_p]
+    table, primitive, _ = _lowering._internals()
+    before = table[primitive]
     with _lowering.unrolled_threefry_on_cpu():
-        assert table[threefry2x32.threefry2x32_p] is not before
+        assert table[primitive] is not before
         unrolled = jax.jit(lambda k: jax.random.normal(k, (64, 8))).lower(
             jax.random.key(7)
         )
-    assert table[threefry2x32.threefry2x32_p] is before
+    assert table[primitive] is before
     rolled = jax.jit(lambda k: jax.random.normal(k, (64, 8))).lower(jax.random.key(7))
     assert "while" not in unrolled.as_text() and "while" in rolled.as_text()
     np.testing.assert_array_equal(
@@ -85,4 +82,4 @@ def test_lowering_swap_is_scoped_and_keeps_the_bits():
     )
     with pytest.raises(RuntimeError), _lowering.unrolled_threefry_on_cpu():
         raise RuntimeError("restored even on error")
-    assert table[threefry2x32.threefry2x32_p] is before
+    assert table[primitive] is before
