@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-import _placement  # beside this file, as _timing
 import _init_memory  # beside this file, as _timing
+import _placement  # beside this file, as _timing
 import jax
 import jax.numpy as jnp
 import jaxtyping
