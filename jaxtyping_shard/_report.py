@@ -24,7 +24,7 @@ def report(message: str, cls: Any, obj: Any, mode: str) -> str:
     records = _records.stack
     if records:
         # Read by `jaxtyping_shard.jaxtyped` if this failure fails its call.
-        records[-1].append((find_site(obj), message))
+        records[-1].append((find_site(obj, cls), message))
     return message
 
 
@@ -85,7 +85,7 @@ def warn(message: str, cls: Any, obj: Any) -> None:
     value warns once, so the warning goes out with a fresh registry; filters the
     user set (`"once"`, `"ignore"`, `"error"`) still apply.
     """
-    site = find_site(obj)
+    site = find_site(obj, cls)
     if not _first_warning(obj, cls, site):
         return
     if site.function is not None or site.argument is not None:

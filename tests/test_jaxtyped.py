@@ -261,3 +261,17 @@ def test_beartype_failure_reads_the_value_as_documented(mesh_explicit):
     assert fetched(x)
     assert "Array(" not in str(info.value)
     assert "Array(" in str(info.value.__cause__.__cause__)
+
+
+def test_argument_returned_unchanged_is_named_by_its_annotation(mesh_explicit):
+    B = Float[Array, "b e", P(None, "model")]
+
+    @jts.jaxtyped(typechecker=beartype)
+    def passthrough(x: Float[Array, "b e"]) -> B:
+        return x
+
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        passthrough(place(mesh_explicit, (8, 4), P("data")))
+    assert str(info.value).startswith(
+        f"the return value of `{passthrough.__qualname__}`"
+    )
