@@ -14,6 +14,7 @@ a `ShardingTypeCheckError` whose message starts with the reason, then jaxtyping'
 import functools
 import inspect
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ _PARAMETER = re.compile(
     r"^The problem arose whilst typechecking parameter '([^']+)'\.$", re.M
 )
 _RETURN = "Type-check error whilst checking the return value"
+_TYPEGUARD_ARGUMENT = re.compile(r'^argument "([^"]+)"')
 
 
 def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
@@ -68,9 +70,14 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
     reason (expected and actual sharding, the mesh, the fix), then jaxtyping's own
     message. Any other failure is jaxtyping's, unchanged.
 
+    Under typeguard (`typechecker=None` over `@typechecked`) the error stays
+    typeguard's: the reason is in its message already, and for a leaf of
+    jaxtyping's `PyTree[...]` this decorator puts the leaf's key path and reason
+    first.
+
     jaxtyping's import hook (`jaxtyping.install_import_hook`) decorates with
     `jaxtyping.jaxtyped` itself; under it the reason is in the chained checker
-    exception only. Under typeguard it is in typeguard's own message either way.
+    exception only.
     """
     if fn is _SENTINEL:
         return functools.partial(jaxtyped, typechecker=typechecker)
@@ -111,11 +118,33 @@ def _with_reasons(checked: Callable) -> Callable:
             if message is None:
                 raise
             raise ShardingTypeCheckError(message) from error.__cause__
+        except Exception as error:
+            # typeguard's own error: our lookup put the reason of an annotation it
+            # checked into it, but not of a leaf inside jaxtyping's `PyTree[...]`.
+            message = _typeguard_message(error, records)
+            if message is None:
+                raise
+            raise type(error)(message) from error
         finally:
             pop_records()
 
     wrapper._jts_reasons = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _typeguard_message(error: Exception, records: list[tuple[Site, str]]) -> Any:
+    typeguard = sys.modules.get("typeguard")
+    if typeguard is None or type(error) is not typeguard.TypeCheckError:
+        return None
+    text = str(error)
+    match = _TYPEGUARD_ARGUMENT.match(text)
+    if match is not None:
+        mine = [(s, r) for s, r in records if s.argument == match[1]]
+    elif text.startswith("the return value"):
+        mine = [(s, r) for s, r in records if s.is_return]
+    else:
+        return None
+    return _prepend([(s, r) for s, r in mine if r not in text], text)
 
 
 def _message(error: Exception, records: list[tuple[Site, str]]) -> Any:
@@ -131,6 +160,10 @@ def _message(error: Exception, records: list[tuple[Site, str]]) -> Any:
         mine = [
             (s, r) for s, r in records if s.argument == match[1] and not s.is_return
         ]
+    return _prepend(mine, text)
+
+
+def _prepend(mine: list[tuple[Site, str]], text: str) -> Any:
     lines: list[str] = []
     for site, reason in mine:
         line = f"{site.describe(location=False)}: {reason}"

@@ -275,3 +275,22 @@ def test_argument_returned_unchanged_is_named_by_its_annotation(mesh_explicit):
     assert str(info.value).startswith(
         f"the return value of `{passthrough.__qualname__}`"
     )
+
+
+Tree = PyTree[A]
+
+
+def test_typeguard_pytree_leaf_reason_under_jts_jaxtyped(mesh_explicit):
+    @jts.jaxtyped(typechecker=None)
+    @typechecked
+    def step(params: Tree) -> Tree:
+        return params
+
+    good = place(mesh_explicit, (8, 4), P("data"))
+    bad = place(mesh_explicit, (8, 4), P("model"))
+    with pytest.raises(typeguard.TypeCheckError) as info:
+        step({"w": [good, bad]})
+    assert str(info.value).startswith(
+        f"argument `params['w'][1]` of `{step.__qualname__}`: {REASON}"
+    )
+    assert 'argument "params" (dict) is not an instance of' in str(info.value)
