@@ -42,7 +42,7 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
         import jax
         import jax.numpy as jnp
         from beartype import beartype
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
         from jaxtyping import Array
 
         import jaxtyping_shard as jts
@@ -54,7 +54,9 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
             return x * 2
 
 
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = jax.make_mesh(
+            (4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2
+        )
         bad = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("model")))
         try:
             double(bad)
