@@ -1,5 +1,7 @@
 """Error texts: expected, actual in JAX's notation, the mesh, and the fix."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import jaxtyping
@@ -248,3 +250,32 @@ def test_full_text_warn_mode(mesh_explicit):
         f"('data': 4, 'model': 2)). {FIX}",
     ]  # `x`, returned as is, fails the same annotation again: warned once
     assert caught[0].filename == __file__
+
+
+@jts.jaxtyped(typechecker=beartype)
+def add(x: Batch, y: Batch) -> Batch:
+    return x + y
+
+
+def test_full_text_auto_mismatches(mesh_auto):
+    x = place(mesh_auto, (8, 4), P("model"))
+    y = place(mesh_auto, (8, 4), P(None, "model"))
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        line = inspect.currentframe().f_lineno + 1
+        jts.jit(add)(x, y)
+    where = f"(first traced at test_messages.py:{line})"
+    expected = (
+        "not P('data', None) (`batch@data embed`) as expected by the type hint "
+        f"Float[{ARRAY}, 'batch embed', P('data', None)] (mesh ('data': 4, 'model': "
+        "2; Auto axes))."
+    )
+    assert str(info.value) == (
+        "3 sharding mismatches while compiling `add`:\n"
+        f"  1. argument `x` of `add` {where}: XLA sharded it as `float32[8@model,4]`, "
+        f"{expected}\n"
+        f"  2. argument `y` of `add` {where}: XLA sharded it as `float32[8,4@model]`, "
+        f"{expected}\n"
+        f"  3. the return value of `add` {where}: XLA sharded it as "
+        f"`float32[8@model,4]`, {expected}\n"
+        f"{FIX}"
+    )
