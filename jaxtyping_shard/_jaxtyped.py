@@ -118,6 +118,8 @@ def _with_reasons(checked: Callable) -> Callable:
                 raise
             message = _message(error, records)
             if message is None:
+                message = _raised_by_a_check(error)
+            if message is None:
                 raise
             raise ShardingTypeCheckError(message) from error.__cause__
         except Exception as error:
@@ -132,6 +134,17 @@ def _with_reasons(checked: Callable) -> Callable:
 
     wrapper._jts_reasons = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _raised_by_a_check(error: Exception) -> Any:
+    """A `ShardingTypeCheckError` that a check raised itself (a compile-time check
+    run eagerly, under `grad` with no `jit`), which jaxtyping wrapped."""
+    cause, seen = error.__cause__, 0
+    while cause is not None and seen < 16:
+        if isinstance(cause, ShardingTypeCheckError):
+            return f"{cause}\n{error}"
+        cause, seen = cause.__cause__, seen + 1
+    return None
 
 
 def _typeguard_message(error: Exception, records: list[tuple[Site, str]]) -> Any:

@@ -74,7 +74,7 @@ def main() -> int:
     try:
         jts.jit(layer)(xa, wa)
     except jts.ShardingTypeCheckError as error:
-        print("   caught:", _first_line(error))
+        print("   caught:", str(error).replace("\n", "\n   "))
     else:
         print("   NOT CAUGHT")
         return 1

@@ -294,3 +294,13 @@ def test_typeguard_pytree_leaf_reason_under_jts_jaxtyped(mesh_explicit):
         f"argument `params['w'][1]` of `{step.__qualname__}`: {REASON}"
     )
     assert 'argument "params" (dict) is not an instance of' in str(info.value)
+
+
+def test_auto_mesh_under_grad_without_jit(mesh_auto):
+    # The compile-time check runs eagerly here and raises inside the checker;
+    # jaxtyping wraps it, and jts.jaxtyped brings its text up front.
+    f = make("beartype", A, A)
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jax.grad(lambda y: f(y).sum())(place(mesh_auto, (8, 4), P("model")))
+    assert str(info.value).startswith(f"argument `x` of `{f.__qualname__}` (first")
+    assert "XLA sharded it as `float32[8@model,4]`" in str(info.value)
