@@ -8,6 +8,7 @@ import importlib.metadata
 import typing
 
 from ._bridge import sharding_of as sharding_of, spec_of as spec_of
+from ._check_tree import check_tree as check_tree
 from ._config import get_mode as get_mode, set_mode as set_mode
 from ._errors import (
     PlacementError as PlacementError,
@@ -65,6 +66,7 @@ if typing.TYPE_CHECKING:
         Num as Num,
         Real as Real,
         Shaped as Shaped,
+        Tree as Tree,
         UInt as UInt,
         UInt2 as UInt2,
         UInt4 as UInt4,
@@ -110,6 +112,7 @@ else:
         UInt32 as UInt32,
         UInt64 as UInt64,
     )
+    from ._tree_hint import Tree as Tree
 
 from ._typeguard import register as _register_with_typeguard
 

@@ -295,4 +295,10 @@ def as_annotation(spec: PartitionSpec) -> Any:
     """A `PartitionSpec` as a sharded annotation of any dtype and rank, to check."""
     from ._annotation import Shaped
 
-    return Shaped[jaxtyping.Array, "...", spec]
+    annotation = Shaped[jaxtyping.Array, "...", spec]
+    # Shown in messages as the spec the user gave, not as a dim string.
+    layout = annotation._jts
+    annotation._jts = _spec.Layout(
+        layout.prefix, layout.suffix, _spec.format_spec(spec)
+    )
+    return annotation

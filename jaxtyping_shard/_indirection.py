@@ -6,6 +6,7 @@ same for its own dtypes.
 """
 
 from typing import (
+    Annotated,
     Annotated as BFloat16,
     Annotated as Bool,
     Annotated as Complex,
@@ -41,11 +42,17 @@ from typing import (
     Annotated as UInt32,
     Annotated as UInt64,
     TYPE_CHECKING,
+    TypeAlias,
+    TypeVar,
 )
 
 
 if not TYPE_CHECKING:  # pragma: no cover
     raise ImportError("jaxtyping_shard._indirection is for static type checkers only")
+
+_T = TypeVar("_T")
+# `Tree[Mlp]` reads as `Mlp`.
+Tree: TypeAlias = Annotated[_T, "jaxtyping_shard.Tree"]
 
 __all__ = [
     "BFloat16", "Bool", "Complex", "Complex64", "Complex128", "Float",
@@ -53,4 +60,5 @@ __all__ = [
     "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact", "Int", "Int2",
     "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key", "Num", "Real",
     "Shaped", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
+    "Tree",
 ]  # fmt: skip

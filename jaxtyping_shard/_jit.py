@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from . import _jit_shardings
+from . import _boundary, _jit_shardings
 
 
 @contextlib.contextmanager
@@ -35,7 +35,7 @@ def sharding_errors() -> Iterator[None]:
 
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
-    """`jax.jit`, under the name 0.1.0 gave it: returns `jax.jit(fun, **jit_kwargs)`.
+    """`jax.jit`, plus a check of every annotated leaf of arguments and results.
 
     A checked function needs nothing more than `jax.jit`: the compile-time checks
     (meshes with `Auto` axes) raise [`jaxtyping_shard.ShardingTypeCheckError`][]
@@ -44,6 +44,15 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     later calls through its C++ fast path; and the mode
     ([`jaxtyping_shard.set_mode`][]) is part of the key of JAX's caches, so a mode
     change takes effect at the next call.
+
+    What it adds to `jax.jit`: every leaf inside the arguments and results whose
+    annotation has a sharding is checked, from the parameter and return
+    annotations (`list[Block]`, `dict[str, Float[...]]`) and from the field
+    annotations of the dataclasses and Equinox modules inside them (a parameter
+    annotated as one array is left to the function's own checker), with all
+    mismatches in one error naming each leaf by key path (`model.blocks[1].w_in`).
+    These checks run when JAX traces the function, once per new input signature,
+    and leave nothing in the compiled program (see [Trees and modules](trees.md)).
 
     !!! Example
 
@@ -73,7 +82,8 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     """
     if fun is None:
         return ft.partial(jit, **jit_kwargs)
+    checked = _boundary.checked(fun)  # every annotated leaf inside args and results
     if _jit_shardings.uses_annotations(jit_kwargs):
         # in_shardings / out_shardings="annotations": derived from the signature.
-        return _jit_shardings.AnnotatedJit(fun, jit_kwargs, jax.jit)
-    return jax.jit(fun, **jit_kwargs)
+        return _jit_shardings.AnnotatedJit(checked, jit_kwargs, jax.jit)
+    return jax.jit(checked, **jit_kwargs)

@@ -23,7 +23,9 @@ Interface (reuse it unchanged):
   leaf `i`, `plan.paths[i]` (its JAX key path) and `plan.annotations[i]` (the
   annotation that applies, or `None`). `plan.treedef` is the tree's structure.
   Plans are cached by (tree structure, annotations, rules); a warm call costs a
-  `tree_flatten` and a dict look-up.
+  `tree_flatten` and a dict look-up. `plan.cache` is a dict where consumers
+  keep what they derive from a plan (per-leaf checkers, say), under their own
+  key, so that it too is computed once per structure.
 - `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
 - `path_name(name, path)`: how a leaf is named in messages
   (`model.blocks[1].mlp.w_in`).
@@ -81,11 +83,14 @@ class Leaf(NamedTuple):
     annotation: Any  # see `leaf_annotation`; None if nothing applies
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
     treedef: Any
     paths: tuple
     annotations: tuple
+    # For consumers to keep what they derive from the plan (per-leaf checkers,
+    # shardings), under a key of their own.
+    cache: dict = dataclasses.field(default_factory=dict)
 
 
 def path_name(name: str, path: tuple) -> str:

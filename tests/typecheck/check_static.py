@@ -4,7 +4,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from jaxtyping_shard import Float, Int, Shaped
+from jaxtyping_shard import Float, Int, Shaped, Tree
 
 
 def layer(
@@ -17,3 +17,15 @@ def layer(
 
 def uses(x: jax.Array, w: jax.Array, i: jax.Array) -> jax.Array:
     return layer(x, w, i)
+
+
+class Params:
+    w: jax.Array
+
+
+def apply(params: Tree[Params], x: jax.Array) -> jax.Array:
+    return x @ params.w  # `Tree[Params]` reads as `Params`
+
+
+def tree_of_dict(params: Tree[dict[str, jax.Array]]) -> jax.Array:
+    return params["w"]

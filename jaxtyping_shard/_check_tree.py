@@ -1,0 +1,246 @@
+"""`check_tree`: every leaf of a tree against its annotation, one error for all."""
+
+from collections.abc import Mapping
+from typing import Any, Optional, TypeVar
+
+import jax
+from jax.core import Tracer
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+# jaxtyping binds dim names in the memo of the innermost `jaxtyped` call. A tree's
+# leaves are checked each on its own (a `list[Block]` may hold blocks of different
+# widths), so the memo stack is hidden while they are: read in this one place.
+from jaxtyping._storage import _shape_storage
+
+from . import _bridge, _check, _mesh, _site, _tree
+from ._errors import ShardingAnnotationError, ShardingTypeCheckError
+
+
+T = TypeVar("T")
+
+
+def check_tree(
+    tree: T,
+    annotations: Any = None,
+    *,
+    rules: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
+    name: str = "tree",
+) -> T:
+    """Checks every leaf of a tree against its annotation; one error lists all.
+
+    !!! Example
+
+        ```python
+        import dataclasses
+        import jax
+        import jax.numpy as jnp
+        import jaxtyping_shard as jts
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        from jaxtyping import Array
+        from jaxtyping_shard import Float
+
+        @jax.tree_util.register_dataclass
+        @dataclasses.dataclass
+        class Dense:
+            w: Float[Array, "embed mlp@model"]
+
+        mesh = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(AxisType.Explicit,) * 2)
+        params = Dense(jax.device_put(jnp.ones((4, 8)),
+                                      NamedSharding(mesh, P(None, "model"))))
+        jts.check_tree(params, name="params")           # passes
+        grads = jax.tree.map(jnp.zeros_like, params)
+        jts.check_tree(grads, like=params, name="grads")  # same shardings
+        ```
+
+    Works on concrete arrays, inside `jit` (Explicit axes at trace time, Auto
+    axes when XLA compiles, reported through [`jaxtyping_shard.jit`][] or
+    [`jaxtyping_shard.sharding_errors`][]) and inside `shard_map`. Each leaf is
+    checked on its own: dim names bind within one leaf, not across leaves.
+
+    **Arguments:**
+
+    - `tree`: a pytree (dicts, lists, dataclasses, Equinox modules, ...).
+    - `annotations`: as for [`jaxtyping_shard.shardings`][]: `None` (field
+        annotations), a type hint, or a prefix tree of annotations,
+        `PartitionSpec`s and `NamedSharding`s.
+    - `rules`: path rules, as for [`jaxtyping_shard.shardings`][].
+    - `like`: another tree (the parameters, say): each leaf of `tree` must be
+        sharded as the leaf at the same key path of `like`, as `like`'s own
+        annotations say or, where it has none, as it is actually sharded
+        (concrete arrays, or Explicit axes inside `jit`). Only the sharding is
+        compared. Not together with `annotations` or `rules`.
+    - `name`: how the tree is named in messages: `params['layers'][0]['w_in']`.
+
+    **Returns:**
+
+    `tree`, unchanged.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingTypeCheckError`][] listing every mismatched leaf by
+    key path, with expected and actual in JAX's notation and the mesh;
+    [`jaxtyping_shard.ShardingAnnotationError`][] for malformed annotations or
+    rules.
+    """
+    if like is not None:
+        if annotations is not None or rules is not None:
+            raise ValueError("check_tree: give `like` or annotations/rules, not both.")
+        leaves, plan = _tree.plan_for(tree)
+        checkers = _like_checkers(plan.paths, like)
+    else:
+        leaves, plan = _tree.plan_for(tree, annotations, rules)
+        checkers = checkers_of(plan)
+    failures = leaf_failures(leaves, plan.paths, checkers, name)
+    if failures:
+        total = sum(c is not None for c in checkers)
+        raise error(f"check_tree({name})", failures, total)
+    return tree
+
+
+def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
+    """Per leaf, what to check it against (`None`: nothing), cached on the plan."""
+    key = ("check_tree", sharded_only)
+    try:
+        return plan.cache[key]
+    except KeyError:
+        pass
+    out = []
+    for annotation in plan.annotations:
+        if sharded_only and not _bridge.has_sharding(annotation):
+            out.append(None)
+        elif isinstance(annotation, NamedSharding):
+            out.append(_bridge.as_annotation(annotation.spec))
+        elif isinstance(annotation, PartitionSpec):
+            out.append(_bridge.as_annotation(annotation))
+        else:
+            out.append(annotation)
+    checkers = tuple(out)
+    plan.cache[key] = checkers
+    return checkers
+
+
+def leaf_failures(
+    leaves: list,
+    paths: tuple,
+    checkers: tuple,
+    name: str,
+    function: Optional[str] = None,
+    is_return: bool = False,
+) -> list:
+    """`[(path name, reason), ...]` for the leaves that fail their checkers."""
+    failures = []
+    hidden = getattr(_shape_storage, "memo_stack", None)
+    if hidden:
+        _shape_storage.memo_stack = []
+    try:
+        for leaf, checker, path in zip(leaves, checkers, paths):
+            if checker is None:
+                continue
+            if type(checker) is _Missing:
+                reason = checker.reason
+            elif isinstance(leaf, Tracer):
+                # Compile-time (Auto) checks name the leaf by its key path.
+                with _site.naming(function, _tree.path_name(name, path), is_return):
+                    reason = _reason(checker, leaf)
+            elif isinstance(leaf, checker):
+                continue
+            else:
+                reason = _reason(checker, leaf)
+            if reason:
+                failures.append((_tree.path_name(name, path), reason))
+    finally:
+        if hidden:
+            _shape_storage.memo_stack = hidden
+    return failures
+
+
+def _reason(checker: Any, leaf: Any) -> str:
+    members = _bridge.sharded_members(checker) if not hasattr(checker, "_jts") else ()
+    if members:  # a union: passes if one member does
+        reasons = [m.__instancecheck_str__(leaf) for m in members]
+        return "" if "" in reasons else reasons[0]
+    return checker.__instancecheck_str__(leaf)
+
+
+def error(what: str, failures: list, total: int) -> ShardingTypeCheckError:
+    """One error for all the failed leaves, the fix said once."""
+    lines = []
+    fix = ""
+    for path, reason in failures:
+        if reason.endswith(_check._FIX):
+            reason = reason[: -len(_check._FIX)].rstrip()
+            fix = _check._FIX
+        lines.append(f"  {path}: {reason}")
+    count = len(failures)
+    head = (
+        f"{what}: {count} of {total} checked leaves do not match their annotation"
+        f"{'s' if count > 1 else ''}:"
+    )
+    return ShardingTypeCheckError("\n".join([head, *lines, *([fix] if fix else [])]))
+
+
+class _Missing:
+    """A leaf of `tree` with no counterpart in `like`: always a failure."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _like_checkers(paths: tuple, like: Any) -> tuple:
+    like_leaves, like_plan = _tree.plan_for(like)
+    by_path = {
+        tuple(map(_tree._key_id, p)): (leaf, annotation, p)
+        for leaf, annotation, p in zip(
+            like_leaves, like_plan.annotations, like_plan.paths
+        )
+    }
+    out: list[Any] = []
+    for path in paths:
+        found = by_path.get(tuple(map(_tree._key_id, path)))
+        if found is None:
+            out.append(
+                _Missing(
+                    f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
+                    f"structure differs: {like_plan.treedef})"
+                )
+            )
+            continue
+        out.append(_bridge.as_annotation(_like_spec(*found)))
+    return tuple(out)
+
+
+def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
+    ndim = len(getattr(leaf, "shape", ()))
+    where = "like" + jax.tree_util.keystr(path)
+    if _bridge.has_sharding(annotation):
+        return _bridge.spec_for(annotation, ndim, where)
+    if isinstance(leaf, Tracer):
+        aval = jax.typeof(leaf)
+        mesh = _mesh.of_aval(aval)
+        if mesh is None:
+            return PartitionSpec()
+        unknown = [
+            n
+            for n, t, s in zip(mesh.axis_names, mesh.axis_types, mesh.axis_sizes)
+            if t != AxisType.Explicit and s > 1
+        ]
+        if unknown:
+            raise ShardingAnnotationError(
+                f"check_tree(like=...): {where} has no annotation, and inside this "
+                f"trace its sharding over the non-Explicit mesh axes {unknown} is "
+                "not known until XLA compiles. Annotate it (field annotations, "
+                "`annotations=` or `rules=` on a check of `like` itself), or check "
+                "against concrete arrays."
+            )
+        return aval.sharding.spec
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec
+    if sharding is None or len(sharding.device_set) == 1:
+        return PartitionSpec()
+    raise ShardingAnnotationError(
+        f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
+        "mesh axes to compare with. Place it with a NamedSharding."
+    )
