@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
+import _tree_figures  # beside this file
 import jax
 import jax.numpy as jnp
 import jaxtyping
@@ -364,6 +365,8 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("first call", lambda: first_call(settings)),
         ("place", lambda: _placement.place_batch(settings)),
         ("sharded_init memory", lambda: _init_memory.figures(smoke)),
+        ("check_tree", lambda: _tree_figures.check_tree_figure(settings)),
+        ("jit, tree", lambda: _tree_figures.jit_tree_figures(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

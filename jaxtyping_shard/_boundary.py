@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from . import _check_tree, _tree
-from ._config import state
+from ._config import current_mode
 
 
 def checked(fun: Callable) -> Callable:
@@ -26,7 +26,7 @@ def checked(fun: Callable) -> Callable:
 
     @ft.wraps(fun)
     def boundary(*args: Any, **kwargs: Any) -> Any:
-        if state.mode == "off":
+        if current_mode() == "off":
             return fun(*args, **kwargs)
         if not info:
             info.append(_read(fun))

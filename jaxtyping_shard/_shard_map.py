@@ -9,8 +9,17 @@ from typing import Any, Optional
 import jax
 from jax.sharding import PartitionSpec
 
-from . import _logical, _mesh
+from . import _bridge, _logical, _mesh, _tree
 from ._errors import ShardingAnnotationError
+
+
+def _is_tree_hint(annotation: Any) -> bool:
+    """A hint for a pytree (a class, `dict[str, A]`, `list[Block]`): specs per leaf."""
+    if annotation is inspect.Parameter.empty or annotation is None:
+        return False
+    if _bridge.has_sharding(annotation) or _tree.leaf_annotation(annotation):
+        return False
+    return isinstance(annotation, type) or typing.get_origin(annotation) is not None
 
 
 def _annotation_of(annotation: Any, what: str, fn_name: str) -> Any:
@@ -37,6 +46,10 @@ def _spec(
     # Logical annotations resolve with the rules in force at the call.
     entries = _logical.resolve(annotation._jts, shape, mesh, where=annotation.__name__)
     spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    return _restrict(spec, axis_names)
+
+
+def _restrict(spec: PartitionSpec, axis_names: Optional[frozenset]) -> PartitionSpec:
     if axis_names is None:
         return spec
     # With a subset of manual axes, the specs name only those; the other axes
@@ -61,7 +74,12 @@ def typed_shard_map(
 
     Each parameter and the return value must be annotated with a sharding; the
     annotation describes the *global* array, exactly as it is checked inside the
-    body. A return annotated `tuple[A, B]` gives a tuple of out_specs.
+    body. A return annotated `tuple[A, B]` gives a tuple of out_specs. Pytree
+    parameters and returns take their specs leaf by leaf, as
+    [`jaxtyping_shard.shardings`][] reads them: a parameter annotated with a
+    dataclass or Equinox module class whose fields are sharded annotations, or
+    with `dict[str, A]`, `list[Block]`, `tuple[A, Model]`. For a pytree return,
+    the output's structure is found by tracing the body once more, abstractly.
 
     !!! Example
 
@@ -90,7 +108,8 @@ def typed_shard_map(
 
     [`jaxtyping_shard.ShardingAnnotationError`][] at decoration time when a
     parameter or the return value has no sharded annotation, or a parameter is
-    variadic (`*args`, `**kwargs`).
+    variadic (`*args`, `**kwargs`); at the call, naming the key path, when a leaf
+    of a pytree parameter or return has none.
     """
     if fn is None:
         return ft.partial(
@@ -110,18 +129,27 @@ def typed_shard_map(
                 "shard_map needs one spec per argument, so list them."
             )
         annotation = hints.get(param.name, param.annotation)
+        if _is_tree_hint(annotation):  # specs per leaf, at the call
+            in_annotations.append(_TreeHint(annotation))
+            continue
         in_annotations.append(
             _annotation_of(annotation, f"parameter {param.name!r}", name)
         )
     ret = hints.get("return", signature.return_annotation)
-    if typing.get_origin(ret) is tuple:
-        outs: Any = tuple(
+    tree_return = _is_tree_hint(ret) and not (
+        typing.get_origin(ret) is tuple
+        and all(_bridge.has_sharding(a) for a in typing.get_args(ret))
+    )
+    if tree_return:
+        outs: Any = _TreeHint(ret)
+    elif typing.get_origin(ret) is tuple:
+        outs = tuple(
             _annotation_of(a, f"return element {i}", name)
             for i, a in enumerate(typing.get_args(ret))
         )
     else:
         outs = _annotation_of(ret, "the return value", name)
-    for out in outs if isinstance(outs, tuple) else (outs,):
+    for out in outs if isinstance(outs, tuple) else () if tree_return else (outs,):
         if getattr(out._jts, "suffix", None) or getattr(out._jts, "variadic", False):
             raise ShardingAnnotationError(
                 f"typed_shard_map({name}): the return annotation {out._jts.text} "
@@ -129,6 +157,22 @@ def typed_shard_map(
                 "unknown before the call. Write the return's dims out."
             )
     manual = None if axis_names is None else frozenset(axis_names)
+
+    def tree_specs(value: Any, hint: Any, what: str, where: Any) -> Any:
+        leaves, plan = _tree.plan_for(value, hint)
+        specs = []
+        for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
+            at = f"typed_shard_map({name}): {what}{jax.tree_util.keystr(path)}"
+            if not _bridge.has_sharding(annotation):
+                raise ShardingAnnotationError(
+                    f"{at} has no sharded annotation, so shard_map has no spec for "
+                    "it. Annotate the field with a sharding (`@()` or `P()` for "
+                    "replicated)."
+                )
+            shape = tuple(jax.typeof(leaf).shape)
+            spec = _bridge.spec_for(annotation, len(shape), at, shape=shape, mesh=where)
+            specs.append(_restrict(spec, manual))
+        return jax.tree_util.tree_unflatten(plan.treedef, specs)
 
     @ft.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -138,19 +182,30 @@ def typed_shard_map(
         args = bound.args
         where = mesh if mesh is not None else _mesh.context_mesh()
         in_specs = tuple(
-            _spec(annotation, tuple(jax.typeof(a).shape), where, manual)
-            for annotation, a in zip(in_annotations, args)
+            tree_specs(a, annotation.hint, f"parameter {p!r}", where)
+            if isinstance(annotation, _TreeHint)
+            else _spec(annotation, tuple(jax.typeof(a).shape), where, manual)
+            for annotation, a, p in zip(in_annotations, args, signature.parameters)
         )
-        out_specs = _out_specs(outs, where, manual)
-        mapped = jax.shard_map(
-            fn,
-            mesh=mesh,
-            in_specs=in_specs,
-            out_specs=out_specs,
-            axis_names=manual or frozenset(),
-            check_vma=check_vma,
-        )
-        return mapped(*args)
+
+        def mapped(out_specs: Any, check: bool) -> Any:
+            return jax.shard_map(
+                fn,
+                mesh=mesh,
+                in_specs=in_specs,
+                out_specs=out_specs,
+                axis_names=manual or frozenset(),
+                check_vma=check,
+            )
+
+        if tree_return:
+            # Trace once, abstractly, for the output's structure (its ranks are
+            # right with any out_specs: P() with check_vma=False).
+            abstract = jax.eval_shape(mapped(PartitionSpec(), False), *args)
+            out_specs = tree_specs(abstract, ret, "the return value", where)
+        else:
+            out_specs = _out_specs(outs, where, manual)
+        return mapped(out_specs, check_vma)(*args)
 
     return wrapped
 
@@ -160,3 +215,10 @@ def _out_specs(outs: Any, mesh: Any, manual: Optional[frozenset]) -> Any:
     if isinstance(outs, tuple):
         return tuple(_spec(out, out._jts.min_rank, mesh, manual) for out in outs)
     return _spec(outs, outs._jts.min_rank, mesh, manual)
+
+
+class _TreeHint:
+    """A parameter or return annotated as a pytree: specs read per leaf."""
+
+    def __init__(self, hint: Any):
+        self.hint = hint

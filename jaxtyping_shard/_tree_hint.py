@@ -12,7 +12,7 @@ import typing
 from typing import Any
 
 from . import _check_tree, _tree
-from ._config import state
+from ._config import current_mode
 from ._errors import ShardingAnnotationError
 
 
@@ -49,7 +49,7 @@ class _MetaTree(type):
                 f"this value is a {kind.__module__}.{kind.__qualname__}, not a "
                 f"{cls._jts_hint!r}"
             )
-        if state.mode == "off":
+        if current_mode() == "off":
             return ""
         leaves, plan = _tree.plan_for(obj, cls._jts_hint)
         checkers = _check_tree.checkers_of(plan)
