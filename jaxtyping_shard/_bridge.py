@@ -301,4 +301,5 @@ def as_annotation(spec: PartitionSpec) -> Any:
     annotation._jts = _spec.Layout(
         layout.prefix, layout.suffix, _spec.format_spec(spec)
     )
+    annotation.__name__ = annotation.__qualname__ = _spec.format_spec(spec)
     return annotation

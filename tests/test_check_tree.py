@@ -133,16 +133,17 @@ def test_inside_jit_explicit_at_trace_time(mesh_explicit):
 
 
 def test_inside_jit_auto_at_compile_time(mesh_auto):
-    @jts.jit
+    @jax.jit  # plain jax.jit: no boundary checks, only check_tree's
     def step(model):
         jts.check_tree(model, name="model")
         return model
 
     step(make(mesh_auto))
     with pytest.raises(jts.ShardingTypeCheckError) as info:
-        step(make(mesh_auto, {"w_in1"}))
+        step(make(mesh_auto, {"w_in1", "emb"}))
     text = str(info.value)
-    assert "model.blocks[1].w_in" in text
+    assert "2 sharding mismatches while compiling" in text
+    assert "model.blocks[1].w_in" in text and "model.emb" in text
     assert "XLA sharded it as `float32[4,8]`" in text and "Auto" in text
     step(make(mesh_auto))
 
