@@ -1,9 +1,11 @@
 """Tree checks at a function's boundary: what `jaxtyping_shard.jit` adds.
 
-`checked(fun)` is `fun` with every leaf of its arguments and of its result that
-has a sharded annotation checked: the annotations of its parameters and return
-value (type hints such as `dict[str, Float[...]]` or `list[Block]` included) and
-the field annotations of the dataclasses and Equinox modules inside them. Under
+`checked(fun)` is `fun` with every leaf inside its arguments and its result that
+has a sharded annotation checked: from the annotations of its parameters and
+return value (type hints such as `dict[str, Float[...]]` or `list[Block]`) and
+from the field annotations of the dataclasses and Equinox modules inside them. A
+parameter annotated as one array (`x: Float[Array, "b e", P("data")]`) is left
+to the function's own checker (`jaxtyped`), which checks it already. Under
 `jax.jit` the wrapper runs when the function is traced, once per new input
 signature, and compiles to nothing: a steady-state call does not run it.
 """
@@ -51,6 +53,11 @@ def checked(fun: Callable) -> Callable:
 def _failures(
     value: Any, hint: Any, name: str, function: str, is_return: bool
 ) -> tuple[list, int]:
+    if _tree.leaf_annotation(hint) is not None:
+        # A parameter (or return) annotated as one array is the function's own
+        # checker's to check (jaxtyped, beartype, typeguard); checking it here too
+        # would report each of its mismatches twice.
+        return [], 0
     leaves, plan = _tree.plan_for(value, hint)
     checkers = _check_tree.checkers_of(plan, sharded_only=True)
     count = sum(c is not None for c in checkers)

@@ -128,8 +128,13 @@ def leaf_failures(
     name: str,
     function: Optional[str] = None,
     is_return: bool = False,
+    name_sites: bool = True,
 ) -> list:
-    """`[(path name, reason), ...]` for the leaves that fail their checkers."""
+    """`[(path name, reason), ...]` for the leaves that fail their checkers.
+
+    `name_sites=False` leaves compile-time checks to find their own site (under
+    `jaxtyped`, the parameter and the key path inside it).
+    """
     failures = []
     hidden = getattr(_shape_storage, "memo_stack", None)
     if hidden:
@@ -140,9 +145,13 @@ def leaf_failures(
                 continue
             if type(checker) is _Missing:
                 reason = checker.reason
+            elif isinstance(leaf, Tracer) and not name_sites:
+                reason = _reason(checker, leaf)
             elif isinstance(leaf, Tracer):
                 # Compile-time (Auto) checks name the leaf by its key path.
-                with _site.naming(function, _tree.path_name(name, path), is_return):
+                argument = None if is_return else name
+                keys = jax.tree_util.keystr(path)
+                with _site.naming(function, argument, is_return, keys):
                     reason = _reason(checker, leaf)
             elif isinstance(leaf, checker):
                 continue

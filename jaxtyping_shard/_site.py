@@ -75,18 +75,25 @@ def user_frame(frame: Any) -> Any:
 
 
 class _Naming(threading.local):
-    # Set by the tree checks: which function and key path a leaf is checked as.
-    current: Optional[tuple[Optional[str], str, bool]] = None
+    # Set by the tree checks: the function, argument, is-return and key path a
+    # leaf is checked as.
+    current: Optional[tuple[Optional[str], Optional[str], bool, str]] = None
 
 
 _naming = _Naming()
 
 
 @contextlib.contextmanager
-def naming(function: Optional[str], path: str, is_return: bool) -> Iterator[None]:
-    """Names the value checked in this block (a leaf of a tree, by key path)."""
+def naming(
+    function: Optional[str], argument: Optional[str], is_return: bool, path: str
+) -> Iterator[None]:
+    """Names the value checked in this block (a leaf of a tree, by key path).
+
+    Named as `jaxtyped` names the same value, so that the same failure found by
+    both reads the same (and is reported once).
+    """
     previous = _naming.current
-    _naming.current = (function, path, is_return)
+    _naming.current = (function, argument, is_return, path)
     try:
         yield
     finally:
@@ -103,7 +110,7 @@ def find_site(obj: Any, cls: Any = None) -> Site:
     path = ""
     is_return = False
     if _naming.current is not None:
-        function, argument, is_return = _naming.current
+        function, argument, is_return, path = _naming.current
         function = function or "check_tree"
     frame = sys._getframe(1)
     while frame is not None:

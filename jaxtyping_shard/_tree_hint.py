@@ -53,7 +53,9 @@ class _MetaTree(type):
             return ""
         leaves, plan = _tree.plan_for(obj, cls._jts_hint)
         checkers = _check_tree.checkers_of(plan)
-        failures = _check_tree.leaf_failures(leaves, plan.paths, checkers, "")
+        failures = _check_tree.leaf_failures(
+            leaves, plan.paths, checkers, "", name_sites=False
+        )
         if not failures:
             return ""
         total = sum(c is not None for c in checkers)

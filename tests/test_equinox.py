@@ -91,12 +91,13 @@ def test_train_step_checked_at_the_jit_boundary(mesh_4x2, model):
         with pytest.raises(jts.ShardingTypeCheckError) as info:
             bad_step(model, x)
         text = str(info.value)
-        for path in ("blocks[0].w_in", "blocks[0].w_out", "blocks[1].w_in", "head"):
-            assert f"return.{path}" in text
+        paths = (".blocks[0].w_in", ".blocks[0].w_out", ".blocks[1].w_in", ".head")
         if mesh_4x2.axis_types[0] == AxisType.Explicit:
             assert "5 of 5 checked leaves" in text
+            assert all(f"return{path}: this traced array" in text for path in paths)
         else:  # every mismatch of the compile, in one error
             assert "5 sharding mismatches while compiling" in text
+            assert all(f"leaf `{p}` of the return value" in text for p in paths)
             assert "XLA sharded it as" in text
 
 

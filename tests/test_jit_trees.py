@@ -53,7 +53,9 @@ def test_results(mesh_4x2):
     def make(x) -> Params:
         return Params(jnp.zeros((4, 8)), {"a": x})  # w not sharded over model
 
-    with pytest.raises(jts.ShardingTypeCheckError, match=r"return\.w"):
+    with pytest.raises(
+        jts.ShardingTypeCheckError, match=r"return\.w: |leaf `\.w` of the return value"
+    ):
         with jax.set_mesh(mesh_4x2):
             make(place(mesh_4x2, (8, 4), P("data")))
 
@@ -130,5 +132,7 @@ def test_auto_mesh_reported_at_compile_time(mesh_auto):
         return Params(w, p.table)
 
     p = params(mesh_auto)
-    with pytest.raises(jts.ShardingTypeCheckError, match=r"return value `return\.w`"):
+    with pytest.raises(
+        jts.ShardingTypeCheckError, match=r"leaf `\.w` of the return value"
+    ):
         f(p)
