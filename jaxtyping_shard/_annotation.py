@@ -66,6 +66,11 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         """The sharding part of the check, after jaxtyping's has passed."""
         if cls._skip_instancecheck or mode_reader.value == "off":
             return ""
+        if isinstance(obj, Tracer) and _in_pytree_structure_check():
+            # jaxtyping's structure pass offers every leaf to every member of a
+            # `PyTree[Union[...]]`, shapes unchecked: nothing may be scheduled
+            # from it (the real pass follows).
+            return ""
         if cls._jts_logical:
             cls = _physical(cls, obj)
         message = check(cls, obj)

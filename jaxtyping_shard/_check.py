@@ -16,9 +16,8 @@ import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding
 
-from . import _compile_check, _mesh, _spec
+from . import _compile_check, _mesh, _spec, _union
 from ._config import current_mode
-from ._errors import ShardingAnnotationError
 from ._report import report
 from ._site import how_traced
 
@@ -40,7 +39,7 @@ def check(cls: Any, obj: Any) -> str:
     if type(sharding) is NamedSharding:
         key = sharding if cls._jts_rank_fixed else (sharding, len(obj.shape))
     else:
-        key = (sharding, len(obj.shape), _mesh.context_mesh())
+        key = (sharding, len(obj.shape), _mesh.concrete_context_mesh())
     verdict = cache.get(key)
     if verdict is None:
         verdict = _eager_verdict(cls, sharding, len(obj.shape))
@@ -66,21 +65,51 @@ def _empty_fits(cls: Any, shape: Any) -> bool:
 
 
 def _report(message: str, cls: Any, obj: Any) -> str:
-    return report(message, cls, obj, current_mode()) if message else ""
+    if not message:
+        return ""
+    mode = current_mode()
+    if mode == "warn" and _another_member_matches(cls, obj):
+        return message  # the checker moves on to that member of the Union
+    return report(message, cls, obj, mode)
 
 
-def _check_axes(cls: Any, mesh: Any) -> None:
-    """Raises if the spec names an axis that the mesh lacks."""
+def _another_member_matches(cls: Any, obj: Any) -> bool:
+    """Whether `obj` is checked against a Union of which another member accepts it.
+
+    Checked without side effects (no warning, nothing scheduled); a member whose
+    verdict waits for XLA counts as accepting: its own check then runs.
+    """
+    members = _union.other_members(cls, obj)
+    if members.unconditional:
+        return True
+    for member in members:
+        if isinstance(obj, Tracer):
+            message = _check_tracer(member, obj, schedule=False)
+        elif getattr(obj, "sharding", None) is None:
+            message = _check_unsharded(member, obj)
+        else:
+            ok = _eager_verdict(member, obj.sharding, len(obj.shape))
+            message = "" if ok else "no"
+        if not message:
+            return True
+    return False
+
+
+def _missing_axes(cls: Any, mesh: Any) -> str:
+    """Why the spec cannot describe an array on `mesh`: it names an axis the mesh
+    lacks. Not an annotation error: inside a `Union`, an annotation for another
+    mesh simply does not match (and `isinstance` says False)."""
     names = set(mesh.axis_names)
     for axis in cls._jts.axes:
         if axis not in names:
             axes = ", ".join(repr(a) for a in mesh.axis_names) or "none"
-            raise ShardingAnnotationError(
-                f"The type hint {cls._jts.text} names mesh axis {axis!r}, but "
+            return (
+                f"the type hint {cls._jts.text} names mesh axis {axis!r}, but "
                 f"the mesh {_mesh.format_mesh(mesh)} has axes {axes}. Fix the "
                 "axis name in the annotation, or check the array is placed on the "
                 "mesh you meant."
             )
+    return ""
 
 
 def _too_long(cls: Any, ndim: int) -> str:
@@ -113,11 +142,12 @@ def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
     if _too_long(cls, ndim):
         return False
     if type(sharding) is NamedSharding:
-        _check_axes(cls, sharding.mesh)
+        if _missing_axes(cls, sharding.mesh):
+            return False
         return _equivalent(cls, sharding.mesh, sharding, ndim)
-    mesh = _mesh.context_mesh()
-    if mesh is not None:
-        _check_axes(cls, mesh)
+    mesh = _mesh.concrete_context_mesh()
+    if mesh is not None and _missing_axes(cls, mesh):
+        return False
     if len(sharding.device_set) == 1:
         # One device: only a spec that shards nothing describes it.
         return _shards_nothing(cls, mesh)
@@ -133,6 +163,9 @@ def _eager_message(cls: Any, obj: Any, sharding: Any) -> str:
         return too_long
     if type(sharding) is NamedSharding:
         mesh = sharding.mesh
+        missing = _missing_axes(cls, mesh)
+        if missing:
+            return missing
         actual = _spec.format_array(
             obj.dtype, obj.shape, _spec.entries_of(sharding.spec)
         )
@@ -141,7 +174,10 @@ def _eager_message(cls: Any, obj: Any, sharding: Any) -> str:
             f"expected by the type hint (mesh {_mesh.format_mesh(mesh)}). {_FIX}"
         )
     plain = _spec.format_array(obj.dtype, obj.shape, ())
-    mesh = _mesh.context_mesh()
+    mesh = _mesh.concrete_context_mesh()
+    missing = _missing_axes(cls, mesh) if mesh is not None else ""
+    if missing:
+        return missing
     if len(sharding.device_set) == 1:
         (device,) = sharding.device_set
         where = f"on the single device {device}"
@@ -162,8 +198,9 @@ def _check_unsharded(cls: Any, obj: Any) -> str:
     if _too_long(cls, len(obj.shape)):
         return _too_long(cls, len(obj.shape))
     mesh = _mesh.context_mesh()
-    if mesh is not None:
-        _check_axes(cls, mesh)
+    missing = _missing_axes(cls, mesh) if mesh is not None else ""
+    if missing:
+        return missing
     if _shards_nothing(cls, mesh) or _empty_fits(cls, obj.shape):
         return ""
     return (
@@ -191,7 +228,7 @@ def _when(obj: Any) -> str:
     return "; checked at trace time" if how_traced(obj) == "traced" else ""
 
 
-def _check_tracer(cls: Any, obj: Any) -> str:
+def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
     aval = jax.typeof(obj)
     ndim = len(aval.shape)
     too_long = _too_long(cls, ndim)
@@ -208,7 +245,9 @@ def _check_tracer(cls: Any, obj: Any) -> str:
             f"{cls._jts.text} as expected by the type hint. Pass arrays placed "
             "on a mesh, or call under `jax.set_mesh(mesh)`."
         )
-    _check_axes(cls, mesh)
+    missing = _missing_axes(cls, mesh)
+    if missing:
+        return missing
     sizes = _mesh.sizes(mesh)
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)
@@ -218,7 +257,9 @@ def _check_tracer(cls: Any, obj: Any) -> str:
 
         return check_manual(cls, obj, aval, mesh, manual)
     actual = _spec.entries_of(sharding.spec) if sharding is not None else ()
-    pending = _spec.pending_axes(sharding.spec) if sharding is not None else ()
+    # `reduced` axes are laid out like replicated ones (JAX and the eager verdict
+    # agree); only `unreduced` ones hold a pending sum.
+    pending = _spec.unreduced_axes(sharding.spec) if sharding is not None else ()
     if pending:
         return (
             f"{_noun(obj)} `{aval.str_short()}` is unreduced over "
@@ -236,6 +277,12 @@ def _check_tracer(cls: Any, obj: Any) -> str:
                 f"{cls._jts.text} as expected by the type hint (mesh "
                 f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
             )
-    if any(sizes[a] > 1 for a in auto):
-        _compile_check.schedule(cls, obj, aval, mesh, current_mode())
+    if schedule and any(sizes[a] > 1 for a in auto):
+        # In a Union, any member whose shape fits may be the one XLA's layout
+        # matches (beartype and typeguard stop at the first that passes).
+        members = _union.other_members(cls, obj)
+        if members.unconditional:
+            return ""  # a member without a sharding accepts the value
+        members = tuple(m for m in members if not _missing_axes(m, mesh))
+        _compile_check.schedule(cls, obj, aval, mesh, current_mode(), members)
     return ""

@@ -37,9 +37,14 @@ FIX = (
 )
 
 
-def schedule(cls: Any, obj: Any, aval: Any, mesh: Any, mode: str) -> None:
-    """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes)."""
-    check = CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode)
+def schedule(
+    cls: Any, obj: Any, aval: Any, mesh: Any, mode: str, members: tuple = ()
+) -> None:
+    """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes).
+
+    `members`: the other annotations of a Union that `obj` may match instead.
+    """
+    check = CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode, members)
     _primitive.bind(obj, check)
     if watching.checks is not None:
         watching.checks.append((obj, check))
@@ -58,8 +63,11 @@ watching = _Watching()
 class CompileTimeCheck:
     """One annotation on one traced value; hashed and compared by identity."""
 
-    def __init__(self, cls: Any, aval: Any, mesh: Any, site: Any, mode: str):
+    def __init__(
+        self, cls: Any, aval: Any, mesh: Any, site: Any, mode: str, members=()
+    ):
         self.cls = cls
+        self.members = tuple(members)
         self.shape = tuple(aval.shape)
         self.dtype = aval.dtype
         self.mesh = mesh
@@ -79,12 +87,13 @@ class CompileTimeCheck:
 
         ndim = len(self.shape)
         cls = self.cls
+        anyof = (cls, *self.members)  # a Union: any member whose shape fits
         if 0 in self.shape:
             # No elements, nothing laid out: XLA calls every such value replicated,
             # and every annotation describes it (eager and trace time agree).
             return None
         if isinstance(sharding, _primitive.Maximal):
-            if _shards_nothing(cls, self.mesh):
+            if any(_shards_nothing(m, self.mesh) for m in anyof):
                 return None
             actual = (
                 f"`{_spec.format_array(self.dtype, self.shape, ())}` on one device "
@@ -98,18 +107,24 @@ class CompileTimeCheck:
         else:
             sharding = _drop_dims(sharding, batch_dims)
             if type(sharding) is NamedSharding:
-                if _equivalent(cls, sharding.mesh, sharding, ndim):
+                if any(_equivalent(m, sharding.mesh, sharding, ndim) for m in anyof):
                     return None
                 entries = _spec.entries_of(sharding.spec)
                 actual = f"`{_spec.format_array(self.dtype, self.shape, entries)}`"
             else:
-                if sharding.is_fully_replicated and _shards_nothing(cls, self.mesh):
+                if sharding.is_fully_replicated and any(
+                    _shards_nothing(m, self.mesh) for m in anyof
+                ):
                     return None
                 plain = _spec.format_array(self.dtype, self.shape, ())
                 actual = f"`{plain}` ({sharding})"
+        expected = f"{cls._jts.text} as expected by the type hint {cls.__name__}"
+        if self.members:
+            expected = "any member of the Union in the type hint: " + ", ".join(
+                m._jts.text for m in anyof
+            )
         return (
-            f"{self.site.describe()}: XLA sharded it as {actual}, not "
-            f"{cls._jts.text} as expected by the type hint {cls.__name__} "
+            f"{self.site.describe()}: XLA sharded it as {actual}, not {expected} "
             f"(mesh {_mesh.format_mesh(self.mesh)})"
         )
 

@@ -19,6 +19,23 @@ def context_mesh() -> Optional[Any]:
     return _compat.legacy_context_mesh()
 
 
+def concrete_context_mesh() -> Optional[Any]:
+    """The context mesh, with its devices where they are known, else `None`.
+
+    `jax.set_mesh` sets both a `Mesh` and its `AbstractMesh`; only the `Mesh` can
+    compare a sharding that is not a `NamedSharding` (a `GSPMDSharding`, say) with
+    a spec, since that needs the devices. Inside a trace JAX gives only the
+    abstract mesh (`jax.sharding.get_mesh` raises there).
+    """
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:
+        mesh = None
+    if mesh is not None and not mesh.empty:
+        return mesh
+    return context_mesh()
+
+
 def of_aval(aval: Any) -> Optional[Any]:
     """The mesh of a traced value: the one in its type, else the context's."""
     mesh = getattr(getattr(aval, "sharding", None), "mesh", None)

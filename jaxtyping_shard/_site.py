@@ -183,6 +183,68 @@ def _from_typeguard_frame(frame, obj) -> Optional[tuple[str, Optional[str], bool
     return name, None, False, ""
 
 
+def find_hints(obj: Any) -> list:
+    """The type hints `obj` may be being checked against, while a checker checks
+    it: those of the arguments (and the return value) that hold it. Empty
+    otherwise (say, a plain `isinstance` in a function body).
+
+    Read from the checker's frames: typeguard's helpers hold `(value, hint)` pairs;
+    jaxtyping's `wrapped_fn_impl` holds the signature and calls `param_fn` /
+    `full_fn` to check (its call of `fn` itself runs the body). No frame says which
+    of several arguments holding `obj` is being checked, so all are returned. If
+    jaxtyping or typeguard change these frames, nothing is found.
+    """
+    frame = sys._getframe(1)
+    child = None
+    for _ in range(64):  # a check sits a few frames below its checker
+        if frame is None:
+            return []
+        code = frame.f_code
+        if code.co_name in _TYPEGUARD_FRAMES:
+            return _hints_from_typeguard(frame, obj)
+        if code.co_name == "wrapped_fn_impl":
+            return _hints_from_jaxtyped(frame, child, obj)
+        child, frame = frame, frame.f_back
+    return []
+
+
+def _hints_from_typeguard(frame, obj) -> list:
+    f_locals = frame.f_locals
+    if frame.f_code.co_name == "check_return_type_internal":
+        return [f_locals.get("annotation")]
+    return [
+        pair[1]
+        for pair in (f_locals.get("arguments") or {}).values()
+        if isinstance(pair, tuple) and len(pair) == 2 and _contains(pair[0], obj)
+    ]
+
+
+def _hints_from_jaxtyped(frame, child, obj) -> list:
+    f_locals = frame.f_locals
+    param_fn, full_fn = f_locals.get("param_fn"), f_locals.get("full_fn")
+    if child is None or child.f_code not in (
+        getattr(param_fn, "__code__", None),
+        getattr(full_fn, "__code__", None),
+    ):
+        return []  # the body is running: this check is not the signature's
+    signature = f_locals.get("full_signature")
+    bound = f_locals.get("bound")
+    if signature is None or bound is None:
+        return []
+    hints = [
+        signature.parameters[name].annotation
+        for name, value in bound.arguments.items()
+        if name in signature.parameters and _contains(value, obj)
+    ]
+    if child.f_code is full_fn.__code__ and _contains(f_locals.get("out"), obj):
+        hints.append(signature.return_annotation)
+    return hints
+
+
+def _contains(tree: Any, obj: Any) -> bool:
+    return path_in(tree, obj) is not None
+
+
 def path_in(tree: Any, obj: Any) -> Optional[str]:
     """`obj`'s key path inside `tree` (`"['layers'][0].w"`), "" for `tree` itself.
 

@@ -21,7 +21,7 @@ _SPEC_FORMS = (
 def entries_of(spec: PartitionSpec) -> Entries:
     """The spec as a tuple of tuples of axis names (`None` becomes `()`).
 
-    `unreduced` / `reduced` axes are not part of it: see `pending_axes`.
+    `unreduced` / `reduced` axes are not part of it: see `unreduced_axes`.
     """
     out = []
     # Iterating a spec with unreduced axes raises; `.partitions` never does.
@@ -100,11 +100,13 @@ def _not_a_spec_message(spec: Any, where: str) -> str:
     )
 
 
-def pending_axes(spec: Any) -> frozenset:
-    """Mesh axes over which a value is `unreduced` or `reduced` (a pending sum)."""
-    return frozenset(getattr(spec, "unreduced", ()) or ()) | frozenset(
-        getattr(spec, "reduced", ()) or ()
-    )
+def unreduced_axes(spec: Any) -> frozenset:
+    """Mesh axes over which a value is `unreduced` (a sum is still pending).
+
+    `reduced` axes are not among them: a `reduced` value is replicated over them
+    (only its transpose is unreduced), which is how JAX compares shardings too.
+    """
+    return frozenset(getattr(spec, "unreduced", ()) or ())
 
 
 def axes_of(entries: Entries) -> tuple[str, ...]:

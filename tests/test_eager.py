@@ -9,7 +9,6 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Shaped
 
-import jaxtyping_shard as jts
 from jaxtyping_shard import _compat, Float, Int
 
 from .helpers import CHECK_ERRORS, make_binary, make_identity, no_transfers, place
@@ -149,8 +148,9 @@ def test_single_device_array_with_context_mesh():
     with jax.set_mesh(mesh):
         assert isinstance(x, Float[Array, "b e", P("model")])  # size 1
         assert not isinstance(x, Float[Array, "b e", P("data")])
-        with pytest.raises(jts.ShardingAnnotationError, match="'fsdp'"):
-            isinstance(x, Float[Array, "b e", P("fsdp")])
+        unknown = Float[Array, "b e", P("fsdp")]
+        assert not isinstance(x, unknown)  # an axis the mesh lacks: no match
+        assert "names mesh axis 'fsdp'" in unknown.__instancecheck_str__(x)
 
 
 def test_numpy_array_is_on_one_device():
@@ -172,19 +172,22 @@ def test_union_array_type(checker, mesh_explicit):
         f(np.ones((8, 4), np.float32))
 
 
-def test_unknown_mesh_axis_is_an_error(mesh_explicit):
+def test_unknown_mesh_axis_does_not_match(mesh_explicit):
+    # Not an annotation error: the annotation may be a Union member for another
+    # mesh (tests/test_unions.py). The reason names the axis and the mesh's axes.
     x = place(mesh_explicit, (8, 4), P("data"))
-    with pytest.raises(jts.ShardingAnnotationError) as info:
-        isinstance(x, Float[Array, "b e", P("fsdp")])
-    assert "'fsdp'" in str(info.value)
-    assert "'data', 'model'" in str(info.value)
+    unknown = Float[Array, "b e", P("fsdp")]
+    assert not isinstance(x, unknown)
+    reason = unknown.__instancecheck_str__(x)
+    assert "'fsdp'" in reason
+    assert "'data', 'model'" in reason
 
 
 def test_unknown_mesh_axis_through_checker(checker, mesh_explicit):
     A = Float[Array, "b e", P("batch")]
     f = make_identity(checker, A, A)
     x = place(mesh_explicit, (8, 4), P("data"))
-    with pytest.raises(jts.ShardingAnnotationError, match="'batch'"):
+    with pytest.raises(CHECK_ERRORS, match="'batch'"):
         f(x)
 
 

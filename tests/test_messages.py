@@ -113,10 +113,10 @@ def test_rank_message(mesh_explicit):
 
 def test_unknown_axis_message(mesh_explicit):
     A = Float[Array, "b e", P("dtaa")]
-    with pytest.raises(jts.ShardingAnnotationError) as info:
-        isinstance(place(mesh_explicit, (8, 4), P("data")), A)
-    assert str(info.value).startswith(
-        "The type hint P('dtaa') (`b@dtaa e`) names mesh axis 'dtaa', but the mesh "
+    x = place(mesh_explicit, (8, 4), P("data"))
+    assert not isinstance(x, A)  # no match, not an error: see test_unions.py
+    assert A.__instancecheck_str__(x).startswith(
+        "the type hint P('dtaa') (`b@dtaa e`) names mesh axis 'dtaa', but the mesh "
         "('data': 4, 'model': 2) has axes 'data', 'model'."
     )
 
