@@ -5,7 +5,6 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 from jaxtyping import Array
 
-import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 
 from .helpers import CHECK_ERRORS, make_binary, make_identity, no_transfers, place
@@ -86,8 +85,7 @@ def test_context_mesh_for_tracers(mesh_explicit):
     def f(y):
         assert isinstance(y, Float[Array, "b e", P()])
         assert not isinstance(y, Float[Array, "b e", P("data")])
-        with pytest.raises(jts.ShardingAnnotationError, match="'fsdp'"):
-            isinstance(y, Float[Array, "b e", P("fsdp")])
+        assert not isinstance(y, Float[Array, "b e", P("fsdp")])  # no such axis
         return y
 
     with jax.set_mesh(mesh_explicit):
