@@ -3,8 +3,13 @@
 An annotation there describes the *global* array: its dims are checked against the
 local shape times the sizes of the manual mesh axes the spec splits each dim over,
 and the axes the value varies over must be exactly the manual axes the spec names.
+For the body's arguments, the `in_specs` also say which dim each manual axis
+splits, in which order: those are compared too. Any other value has no global
+layout until `out_specs` gives it one, after the body returns (see
+docs/guarantees.md).
 """
 
+import sys
 from typing import Any, Optional
 
 import jax
@@ -64,9 +69,72 @@ def explain_shape(cls: Any, view: GlobalView, message: str) -> str:
     )
 
 
+# The frames that hold a shard_map body's argument tracers and, one frame up,
+# its `in_specs`: jit / staged (`trace_to_jaxpr` under `_shard_map_staging`) and
+# eager (`_run_shmap` under `_shard_map_impl`).
+_BODY_FRAMES = {"trace_to_jaxpr": "_shard_map_staging", "_run_shmap": "_shard_map_impl"}
+
+
+def in_spec_of(obj: Any) -> Optional[Any]:
+    """The `in_specs` entry a shard_map body's argument was split by; None for any
+    other value (an intermediate, a value of a nested `jit`) or when not found.
+
+    No public API says it: inside the body, `jax.typeof(x)` keeps only the
+    non-manual axes of the spec. It is read from JAX's own frames: the trace that
+    owns `obj` is a local `trace` of the frame tracing the body, whose caller holds
+    `in_specs` (one per flattened argument, in the order of the trace's inputs).
+    If JAX changes these frames, nothing is found and only the checks of
+    `check_manual` that need no `in_specs` run.
+    """
+    trace = getattr(obj, "_trace", None)
+    if trace is None:
+        return None
+    frame = sys._getframe(1)
+    for _ in range(256):  # the body's own Python frames lie in between
+        if frame is None:
+            return None
+        caller_name = _BODY_FRAMES.get(frame.f_code.co_name)
+        if caller_name is not None and frame.f_locals.get("trace") is trace:
+            caller = frame.f_back
+            if caller is None or caller.f_code.co_name != caller_name:
+                return None
+            return _pick(caller.f_locals.get("in_specs"), _arg_index(frame, obj))
+        frame = frame.f_back
+    return None
+
+
+def _arg_index(frame: Any, obj: Any) -> Optional[int]:
+    if frame.f_code.co_name == "_run_shmap":
+        tracers = frame.f_locals.get("in_tracers") or ()
+        return next((i for i, t in enumerate(tracers) if t is obj), None)
+    invars = getattr(getattr(obj._trace, "frame", None), "invars", None) or ()
+    var = getattr(obj, "val", None)
+    return next((i for i, v in enumerate(invars) if v is var), None)
+
+
+def _pick(in_specs: Any, index: Optional[int]) -> Optional[Any]:
+    if index is None or not isinstance(in_specs, tuple) or index >= len(in_specs):
+        return None
+    spec = in_specs[index]
+    return spec if isinstance(spec, jax.sharding.PartitionSpec) else None
+
+
 def check_manual(cls: Any, obj: Any, aval: Any, mesh: Any, manual: frozenset) -> str:
     sizes = _mesh.sizes(mesh)
     ndim = len(aval.shape)
+    in_spec = in_spec_of(obj)
+    if in_spec is not None:
+        got = _spec.normalise(_spec.entries_of(in_spec), ndim, sizes, manual)
+        want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, manual)
+        if got != want:
+            return (
+                f"this shard_map argument `{aval.str_short()}` was split by "
+                f"in_specs={_spec.format_spec(in_spec)}, which is not the layout "
+                f"of {cls._jts.text} from the type hint over the manual axes "
+                f"(mesh {_mesh.format_mesh(mesh)}). Make the in_specs and the "
+                "annotation agree (`jaxtyping_shard.typed_shard_map` reads the "
+                "in_specs from the annotations)."
+            )
     want = {a for a in cls._jts.axes if a in manual and sizes[a] > 1}
     varying = {a for a in _compat.varying_axes(aval) if sizes.get(a, 1) > 1}
     if want != varying and _compat.vma_tracked():
