@@ -181,3 +181,16 @@ def test_union_across_a_cache(mesh_auto):
     x = jax.device_put(jnp.zeros((8, 4)), NamedSharding(mesh_auto, P(None, "model")))
     with jts.sharding_errors():
         assert g(x).shape == (8, 4)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_union_under_jts_jaxtyped(kind, request):
+    mesh = _mesh_for(kind, request)
+
+    @jts.jaxtyped(typechecker=beartype)
+    def f(x: EITHER) -> EITHER:
+        return x
+
+    assert _run(kind, f, place(mesh, (8, 4), P(None, "model"))).shape == (8, 4)
+    with pytest.raises(jts.ShardingTypeCheckError):
+        _run(kind, f, place(mesh, (8, 4), P("model")))
