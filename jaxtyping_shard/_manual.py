@@ -122,19 +122,6 @@ def _pick(in_specs: Any, index: Optional[int]) -> Optional[Any]:
 def check_manual(cls: Any, obj: Any, aval: Any, mesh: Any, manual: frozenset) -> str:
     sizes = _mesh.sizes(mesh)
     ndim = len(aval.shape)
-    in_spec = in_spec_of(obj)
-    if in_spec is not None:
-        got = _spec.normalise(_spec.entries_of(in_spec), ndim, sizes, manual)
-        want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, manual)
-        if got != want:
-            return (
-                f"this shard_map argument `{aval.str_short()}` was split by "
-                f"in_specs={_spec.format_spec(in_spec)}, which is not the layout "
-                f"of {cls._jts.text} from the type hint over the manual axes "
-                f"(mesh {_mesh.format_mesh(mesh)}). Make the in_specs and the "
-                "annotation agree (`jaxtyping_shard.typed_shard_map` reads the "
-                "in_specs from the annotations)."
-            )
     want = {a for a in cls._jts.axes if a in manual and sizes[a] > 1}
     varying = {a for a in _compat.varying_axes(aval) if sizes.get(a, 1) > 1}
     if want != varying and _compat.vma_tracked():
@@ -157,6 +144,19 @@ def check_manual(cls: Any, obj: Any, aval: Any, mesh: Any, manual: frozenset) ->
             f"{cls._jts.text} from the type hint: {'; '.join(reasons)} "
             f"(mesh {_mesh.format_mesh(mesh)})"
         )
+    in_spec = in_spec_of(obj)
+    if in_spec is not None:
+        split = _spec.normalise(_spec.entries_of(in_spec), ndim, sizes, manual)
+        asked = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, manual)
+        if split != asked:
+            return (
+                f"this shard_map argument `{aval.str_short()}` was split by "
+                f"in_specs={_spec.format_spec(in_spec)}, which is not the layout "
+                f"of {cls._jts.text} from the type hint over the manual axes "
+                f"(mesh {_mesh.format_mesh(mesh)}). Make the in_specs and the "
+                "annotation agree (`jaxtyping_shard.typed_shard_map` reads the "
+                "in_specs from the annotations)."
+            )
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if explicit:
         sharding = aval.sharding
