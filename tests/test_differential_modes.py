@@ -14,6 +14,7 @@ nothing with Auto axes. 15 sequences per mesh kind by default, 150 with
 `pytest --slow`.
 """
 
+import contextlib
 import warnings
 
 import jax
@@ -33,37 +34,20 @@ from .helpers import no_transfers
 
 MODES = ("check", "warn", "off")
 CALLS = ("jts.jit", "jax.jit", "outer_jit", "vmap")
-# Left out of the strategy until the fixes of issue 9 (the "trust-core" part) are
-# in: mode changes reaching JAX's caches (items 1-3, 12, 21) and vmap on Auto
-# meshes (items 4-5). Each is removed from here as its fix lands.
-PENDING = {"mode changes": True, "vmap on Auto": True}
 DISCARDED = ("eval_shape", "make_jaxpr", "lower")
 ANNOTATION_SPEC = P("data", None)
 GOOD = P("data")
 BADS = (P("model"), P(None, "model"), P(("data", "model")), P(), P("model", "data"))
 
 
-def _fixed(kind, ops):
-    """Whether a sequence uses only what is fixed today (see PENDING)."""
-    if PENDING["mode changes"] and any(op == "mode" for op, _ in ops):
-        return False
-    auto = kind == AxisType.Auto
-    return not (PENDING["vmap on Auto"] and auto and any(op == "vmap" for op, _ in ops))
-
-
 @st.composite
-def sequences(draw, kind):
-    auto = kind == AxisType.Auto
-    calls = [
-        c
-        for c in CALLS + DISCARDED
-        if not (c == "vmap" and auto and PENDING["vmap on Auto"])
-    ]
-    choices = [st.tuples(st.sampled_from(calls), st.booleans())]  # True: good value
-    if not PENDING["mode changes"]:
-        choices.append(st.tuples(st.just("mode"), st.sampled_from(MODES)))
+def sequences(draw):
+    calls = st.tuples(st.sampled_from(CALLS + DISCARDED), st.booleans())  # True: good
+    # "mode": a bare `set_mode` (the process default); "scope": `with set_mode`
+    # (this thread, until the sequence ends; the innermost scope wins).
+    modes = st.tuples(st.sampled_from(("mode", "scope")), st.sampled_from(MODES))
     bad = draw(st.sampled_from(BADS))
-    ops = draw(st.lists(st.one_of(*choices), min_size=3, max_size=9))
+    ops = draw(st.lists(st.one_of(calls, modes), min_size=3, max_size=9))
     return bad, tuple(ops)
 
 
@@ -143,7 +127,7 @@ def _seq(text):
     ops = []
     for word in text.split():
         op, arg = word.split(":")
-        ops.append((op, arg) if op == "mode" else (op, arg == "good"))
+        ops.append((op, arg) if op in ("mode", "scope") else (op, arg == "good"))
     return P("model"), tuple(ops)
 
 
@@ -155,6 +139,7 @@ _EXAMPLES = [  # issue 9, items 1-4, 12 and 21, as sequences
     _seq("eval_shape:bad make_jaxpr:bad jts.jit:bad"),
     _seq("mode:off jax.jit:bad mode:check jax.jit:bad"),
     _seq("mode:warn jax.jit:bad mode:check jax.jit:bad"),
+    _seq("scope:off jts.jit:bad scope:check jts.jit:bad mode:warn jax.jit:bad"),
 ]
 
 
@@ -168,27 +153,33 @@ def test_mode_and_cache_sequences(kind, slow):
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         derandomize=not slow,
     )
-    @given(sequences(kind))
+    @given(sequences())
     def run(sequence):
         bad, ops = sequence
         world = _World(kind, bad)
-        mode = "check"
+        default, scopes = "check", []
         history = []
-        with jts.set_mode("check"):
+        with contextlib.ExitStack() as stack:
+            stack.callback(jts.set_mode, "check")  # the process default, restored
             for op, arg in ops:
                 if op == "mode":
                     jts.set_mode(arg)
-                    mode = arg
-                    history.append(f"mode {arg}")
+                    default = arg
+                elif op == "scope":
+                    stack.enter_context(jts.set_mode(arg))
+                    scopes.append(arg)
+                if op in ("mode", "scope"):
+                    history.append(f"{op} {arg}")
                     continue
+                mode = scopes[-1] if scopes else default
+                assert jts.get_mode() == mode
                 got = _outcome(world, op, arg)
                 history.append(f"{op}({'good' if arg else 'bad'}) -> {got}")
                 seen.add((op, arg, mode, got))
                 assert got in _allowed(world, op, arg, mode), "\n".join(history)
 
     for bad, ops in _EXAMPLES:
-        if _fixed(kind, ops):
-            run = example((bad, ops))(run)
+        run = example((bad, ops))(run)
     run()
     # Not vacuous: mismatches were caught in mode check.
     assert any(got == "raised" for _, _, _, got in seen)

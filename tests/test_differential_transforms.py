@@ -25,9 +25,6 @@ from .test_differential import _mesh, cases
 
 
 TRANSFORMS = ("jit", "grad", "scan", "cond", "checkpoint", "vmap")
-# Left out until its fix (issue 9 items 4-5, the "trust-core" part) is in: on Auto
-# meshes a value traced under vmap is not checked yet.
-PENDING_AUTO = {"vmap"}
 
 
 def _grad(h):
@@ -54,11 +51,10 @@ WRAP = {
 
 
 @st.composite
-def transformed_cases(draw, kind):
+def transformed_cases(draw):
     case = draw(cases())
     depth = draw(st.integers(1, 3))
-    allowed = [t for t in TRANSFORMS if kind != AxisType.Auto or t not in PENDING_AUTO]
-    stack = [draw(st.sampled_from(allowed)) for _ in range(depth)]
+    stack = [draw(st.sampled_from(TRANSFORMS)) for _ in range(depth)]
     first = stack.index("vmap") if "vmap" in stack else -1
     # One vmap at most: the annotation then describes one example.
     stack = [t if t != "vmap" or i == first else "jit" for i, t in enumerate(stack)]
@@ -120,17 +116,16 @@ _EXAMPLES = [
 ]
 
 
-def _property(slow, kind):
+def _property(slow):
     def decorate(run):
         for args in _EXAMPLES:
-            if kind != AxisType.Auto or not PENDING_AUTO & set(args[1]):
-                run = example(args)(run)
+            run = example(args)(run)
         return settings(
             max_examples=300 if slow else 30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
             derandomize=not slow,
-        )(given(transformed_cases(kind))(run))
+        )(given(transformed_cases())(run))
 
     return decorate
 
@@ -139,7 +134,7 @@ def _property(slow, kind):
 def test_transformations(kind, slow):
     truths = []
 
-    @_property(slow, kind)
+    @_property(slow)
     def run(args):
         case, stack, in_axis = args
         truth, verdict = _verdict(case, stack, in_axis, kind)
