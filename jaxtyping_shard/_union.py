@@ -58,6 +58,10 @@ def other_members(cls: Any, obj: Any) -> Members:
     for member in candidates:
         if not _accepts_shape(member, obj):
             continue
+        if getattr(member, "_jts_logical", False):
+            member = _physical_or_none(member, obj)
+            if member is None:
+                continue  # no rule makes it a layout here: it does not match
         if hasattr(member, "_jts"):
             out.append(member)
         else:
@@ -65,6 +69,25 @@ def other_members(cls: Any, obj: Any) -> Members:
     members = Members(out)
     members.unconditional = unconditional
     return members
+
+
+def _physical_or_none(member: Any, obj: Any) -> Any:
+    """A logical member's physical annotation under the rules in force."""
+    from ._annotation import _physical  # imports this module
+    from ._errors import ShardingAnnotationError
+
+    try:
+        return _physical(member, obj)
+    except ShardingAnnotationError:
+        return None
+
+
+def _is_member(node: Any, cls: Any) -> bool:
+    """`node` is `cls`, or the logical annotation whose physical twin `cls` is."""
+    if node is cls:
+        return True
+    twins = getattr(node, "_jts_twins_by_text", None)
+    return bool(twins) and twins.get(cls._jts.text) is cls
 
 
 def _meaning(member: Any) -> Any:
@@ -88,12 +111,12 @@ def _unions_holding(hint: Any, cls: Any) -> tuple[list, bool]:
         nonlocal bare
         if depth > 16:  # annotations nest shallowly; this bounds odd ones
             return
-        if node is cls:
+        if _is_member(node, cls):
             bare = bare or not in_union
             return
         args = typing.get_args(node)
         is_union = typing.get_origin(node) in _UNION_TYPES
-        if is_union and any(a is cls for a in args):
+        if is_union and any(_is_member(a, cls) for a in args):
             groups.append(args)
         leaf = getattr(node, "leaftype", None)  # jaxtyping's `PyTree[T]`
         if leaf is not None:

@@ -194,3 +194,24 @@ def test_union_under_jts_jaxtyped(kind, request):
     assert _run(kind, f, place(mesh, (8, 4), P(None, "model"))).shape == (8, 4)
     with pytest.raises(jts.ShardingTypeCheckError):
         _run(kind, f, place(mesh, (8, 4), P("model")))
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_union_with_logical_members(kind, request):
+    mesh = _mesh_for(kind, request)
+    LW = Float[Array, "embed mlp", jts.Logical]
+    LB = Float[Array, "mlp", jts.Logical]
+
+    @jaxtyped(typechecker=beartype)
+    def f(x: Union[LW, ROWS], tree: PyTree[Union[LW, LB]]) -> Union[LW, ROWS]:
+        return x
+
+    tree = {
+        "w": place(mesh, (8, 4), P("data", "model")),
+        "b": place(mesh, (4,), P("model")),
+    }
+    with jts.axis_rules({"embed": "data", "mlp": "model"}):
+        for spec in (P("data", "model"), P("data")):  # the logical one, then ROWS
+            assert _run(kind, f, place(mesh, (8, 4), spec), tree).shape == (8, 4)
+        with pytest.raises(FAIL):
+            _run(kind, f, place(mesh, (8, 4), P("model")), tree)
