@@ -70,6 +70,7 @@ class AnnotatedJit:
             static_argnums=tuple(self._static_nums),
             static_argnames=tuple(self._static_names),
         )
+        self._plain = make(fun, **kwargs)  # inside another trace
         self._cache: dict = {}
         self._lock = threading.Lock()
         self._name = getattr(fun, "__qualname__", None) or repr(fun)
@@ -142,6 +143,12 @@ class AnnotatedJit:
             None if static else jax.tree_util.tree_flatten(value)
             for _, value, static in pos
         ]
+        if any(
+            isinstance(leaf, Tracer) for f in flat if f is not None for leaf in f[0]
+        ):
+            # Inside another trace (jit, grad, vmap): the outer trace places the
+            # values; the function's own checks still run on them.
+            return self._plain, tuple(value for _, value, _ in pos), kw
         mesh = _call_mesh(flat)
         key = (
             mesh,

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,3 +173,38 @@ def test_no_mesh_is_an_error():
     f = _derived()
     with pytest.raises(ValueError, match="needs a mesh"):
         f(np.ones((8, 4), np.float32), np.ones((4, 2), np.float32))
+
+
+def test_inside_another_trace_the_outer_one_places(mesh):
+    @jaxtyped(typechecker=beartype)
+    def double(x: X) -> X:
+        return x * 2
+
+    f = _derived(double)
+    x = place(mesh, (8, 4), P("data", None))
+    with jax.set_mesh(mesh):
+        assert float(jax.jit(lambda x: f(x).sum())(x)) == 2 * float(x.sum())
+        grad = jax.grad(lambda x: f(x).sum())(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.full((8, 4), 2.0))
+    assert f(x).sharding.spec == P("data", None)  # then at top level again
+
+
+def test_equinox_module_fields_and_no_transfer_on_mismatch(mesh):
+    class Linear(eqx.Module):
+        w: W
+        b: Bias
+
+    def apply(m: Linear, x: X) -> Y:
+        return x @ m.w + m.b
+
+    f = _derived(apply)
+    x = place(mesh, (8, 4), P("data", None))
+    m = Linear(np.ones((4, 2), np.float32), np.ones(2, np.float32))
+    with jax.set_mesh(mesh):
+        compiled = f.lower(m, x).compile()
+        assert compiled.input_shardings[0][0].w.spec == P(None, "model")
+        assert f(m, x).sharding.spec == P("data", "model")
+    bad = Linear(place(mesh, (4, 2), P("model", None)), place(mesh, (2,), P()))
+    with jax.transfer_guard("disallow"):
+        with pytest.raises(jts.ShardingTypeCheckError, match="`m.w` is `float32"):
+            f(bad, x)
