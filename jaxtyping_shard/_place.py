@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from . import _bridge, _rows, _tree, _verify
+from . import _bridge, _rows, _rules, _tree, _verify
 from ._errors import PlacementError, ShardingAnnotationError
 
 
@@ -214,6 +214,38 @@ def _sharding(annotation: Any, mesh: Any, ndim: int, where: str) -> NamedShardin
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 
+_layouts: dict = {}
+_LAYOUT_LIMIT = 512
+
+
+def _layout(annotation, mesh, local_shape, given, where) -> tuple:
+    """The sharding and global shape of one leaf; cached, as a data loader calls
+    `place` every step (the same `NamedSharding` object also keeps JAX's own
+    `device_put` caches warm)."""
+    context = _bridge._concrete_context_mesh() if mesh is None else None
+    try:
+        key: Any = (
+            annotation,
+            mesh,
+            context,  # the context mesh, when it is the one used
+            tuple(local_shape),
+            None if given is None else tuple(given),
+            _rules.current(),  # logical annotations resolve through the rules
+        )
+        hit = _layouts.get(key)
+    except TypeError:  # an unhashable annotation or shape
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    sharding = _sharding(annotation, mesh, len(local_shape), where)
+    out = (sharding, _rows.global_shape_of(sharding, local_shape, given, where))
+    if key is not None:
+        if len(_layouts) >= _LAYOUT_LIMIT:
+            _layouts.clear()
+        _layouts[key] = out
+    return out
+
+
 def _concrete_mesh(mesh: Any, where: str) -> Any:
     mesh = _bridge.resolve_mesh(mesh, where)
     if not isinstance(mesh, jax.sharding.Mesh):
@@ -258,9 +290,9 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
                 f"({_bridge.describe(annotation)}), so it has nowhere to go. "
                 "Annotate it; `P()` places it replicated."
             )
-        sharding = _sharding(annotation, mesh, x.ndim, label)
+        sharding, shape = _layout(annotation, mesh, x.shape, given, label)
         shardings.append(sharding)
-        shapes.append(_rows.global_shape_of(sharding, x.shape, given, label))
+        shapes.append(shape)
     if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
         if verify == "checksum":

@@ -79,6 +79,13 @@ def test_place_uses_context_mesh_and_named_sharding():
         y = jts.place(_tokens(), NamedSharding(auto, P("model")))
     assert x.sharding.mesh is explicit
     assert y.sharding.mesh is auto and y.sharding.spec == P("model")
+    with jax.set_mesh(auto):  # the same call, warm, under another context mesh
+        assert jts.place(_tokens(), Tokens).sharding.mesh is auto
+    other = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    with jax.set_mesh(other):
+        z = jts.place(_tokens(), Tokens)
+    assert z.sharding.mesh is other
+    assert z.sharding.shard_shape((16, 8)) == (8, 8)
     with pytest.raises(ValueError, match="needs a mesh"):
         jts.place(_tokens(), Tokens)
 
