@@ -44,6 +44,7 @@ def schedule(
 
     `members`: the other annotations of a Union that `obj` may match instead.
     """
+    _listen_to_compiles()
     check = CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode, members)
     _primitive.bind(obj, check)
     if watching.checks is not None:
@@ -265,9 +266,35 @@ def _listen_to_compiles() -> None:
     the thread that asked for the compile, and lets their exceptions through. The
     event's name is a constant of `jax._src.dispatch` (`BACKEND_COMPILE_EVENT`);
     `tests/test_compile_check.py` checks that it still fires.
+
+    Called again each time a check is traced: `jax.monitoring.clear_event_listeners()`
+    (public) would otherwise silence every compile-time failure. Whether the
+    listeners are still there is read from JAX's private getters; without them,
+    they are registered once.
     """
+    try:
+        from jax._src.monitoring import (
+            get_event_duration_listeners,
+            get_scalar_listeners,
+        )
+    except ImportError:  # pragma: no cover - a JAX without them
+        if _listening:
+            return
+    else:
+        if _on_compile_end in get_event_duration_listeners() and (
+            _on_compile_start in get_scalar_listeners()
+        ):
+            return
+        if _on_compile_start in get_scalar_listeners():
+            jax.monitoring.unregister_scalar_listener(_on_compile_start)
+        if _on_compile_end in get_event_duration_listeners():
+            jax.monitoring.unregister_event_duration_listener(_on_compile_end)
     jax.monitoring.register_scalar_listener(_on_compile_start)
     jax.monitoring.register_event_duration_secs_listener(_on_compile_end)
+    _listening.append(True)
+
+
+_listening: list = []
 
 
 _listen_to_compiles()

@@ -189,3 +189,12 @@ def test_internals_the_check_leans_on(mesh_auto):
     for dead in (dead_cond, dead_while, dead_jit):
         with pytest.raises(CHECK_ERRORS):
             jax.jit(dead)(x)
+
+
+def test_checks_survive_clearing_jax_monitoring_listeners(mesh_auto):
+    # The failures are raised by a `jax.monitoring` listener; clearing JAX's
+    # listeners (public API) must not silence them.
+    jax.monitoring.clear_event_listeners()
+    f = make_identity("beartype", WRONG, WRONG)
+    with pytest.raises(jts.ShardingTypeCheckError):
+        jax.jit(lambda v: f(v) * 2)(place(mesh_auto, (8, 4), P("data")))
