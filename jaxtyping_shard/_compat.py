@@ -114,3 +114,18 @@ def threefry_module() -> Any:
         return importlib.import_module("jax._src.random.threefry2x32")
     except ImportError:  # older JAX
         return importlib.import_module("jax._src.prng")
+
+
+def jit_handles_empty_explicit_arrays() -> bool:
+    """Whether `jax.jit` accepts an array with no elements sharded over Explicit
+    mesh axes: JAX 0.8 and 0.9 fail their own assertion ("Unexpected XLA sharding
+    override"), with or without this library; fixed by 0.10.2 (0.10.0 and 0.10.1
+    untested)."""
+    return JAX_VERSION >= (0, 10)
+
+
+def vmap_spmd_axis_name_on_explicit_axes() -> bool:
+    """Whether `jax.vmap(..., spmd_axis_name=a)` accepts inputs whose batch dim is
+    sharded over an Explicit axis `a`: JAX 0.8 refuses ("Only one of
+    spmd_axis_name or arrays sharded on `Explicit` mesh axis type is allowed")."""
+    return JAX_VERSION >= (0, 9)

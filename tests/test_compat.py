@@ -137,11 +137,14 @@ def test_running_python_is_supported():
 
 def test_set_user_context_global():
     context = jax.make_user_context(None)
+    assert _compat.get_user_context_global(context) is None
     _compat.set_user_context_global(context, "everywhere")
     try:
         assert context.value == "everywhere"
+        assert _compat.get_user_context_global(context) == "everywhere"
         with context("here"):
             assert context.value == "here"
+            assert _compat.get_user_context_global(context) == "everywhere"
         assert context.value == "everywhere"
     finally:
         _compat.set_user_context_global(context, None)

@@ -98,7 +98,19 @@ def test_export(mesh_auto):
 
 @pytest.mark.parametrize("placed", [P("data"), P(None, "model"), P()])
 @pytest.mark.parametrize("spec", [P("data"), P("model", None), P(None, "data"), P()])
-def test_empty_arrays_agree_with_eager(mesh_4x2, placed, spec):
+def test_empty_arrays_agree_with_eager(mesh_4x2, placed, spec, request):
+    from jax.sharding import AxisType
+
+    from jaxtyping_shard import _compat
+
+    if AxisType.Explicit in mesh_4x2.axis_types:
+        request.applymarker(
+            pytest.mark.xfail(
+                not _compat.jit_handles_empty_explicit_arrays(),
+                reason="JAX < 0.10's own jit fails on empty Explicit-sharded arrays",
+                raises=AssertionError,
+            )
+        )
     # Item 18: XLA calls every array with no elements replicated; the verdict
     # through jit must be the eager one: every annotation of the rank fits.
     A = Float[Array, "b e", spec]
