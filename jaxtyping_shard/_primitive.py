@@ -69,9 +69,10 @@ def _transpose(cotangents, value, **params):
     return [None]
 
 
-def _dce(used_outputs, eqn):
-    # No outputs and no effect, but the check must stay.
-    return [True], eqn
+def _dce(used_outputs, *rest):
+    # No outputs and no effect, but the check must stay. JAX 0.12 passes
+    # `(used_outputs, live_ins, eqn)`, earlier releases `(used_outputs, eqn)`.
+    return [True], rest[-1]
 
 
 check_sharding_p.def_impl(_impl)
@@ -143,9 +144,11 @@ def _keep_checks_alive() -> None:
 
 
 def _keeping(rule: Any) -> Any:
-    def dce(used_outputs, eqn):
+    def dce(used_outputs, *rest):
+        # `rest` is `(eqn,)`, or `(live_ins, eqn)` from JAX 0.12 on.
+        eqn = rest[-1]
         if rule is not None:
-            used_inputs, new_eqn = rule(used_outputs, eqn)
+            used_inputs, new_eqn = rule(used_outputs, *rest)
         elif any(used_outputs) or eqn.effects:
             used_inputs, new_eqn = [True] * len(eqn.invars), eqn
         else:
