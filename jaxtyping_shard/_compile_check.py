@@ -26,7 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _mesh, _primitive, _spec
 from ._errors import ShardingTypeCheckError, ShardingWarning
-from ._site import find_site, user_frame
+from ._report import warn_at_user_line
+from ._site import find_site
 
 
 FIX = (
@@ -253,7 +254,9 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
         found, warns = c.take()
         errors += found
         for mismatch in dict.fromkeys(warns):
-            _warn(f"{mismatch}; checked when `{c.name}` was compiled. {FIX}")
+            warn_at_user_line(
+                f"{mismatch}; checked when `{c.name}` was compiled. {FIX}"
+            )
     if errors:
         raise ShardingTypeCheckError(_message(mine[0].name, errors))
 
@@ -298,25 +301,6 @@ _listening: list = []
 
 
 _listen_to_compiles()
-
-
-def _warn(message: str) -> None:
-    """Warns at the user's line (the call that compiled), with a fresh registry."""
-    import sys
-
-    frame = user_frame(sys._getframe(1))
-    if frame is None:
-        warnings.warn(message, ShardingWarning, stacklevel=2)
-        return
-    warnings.warn_explicit(
-        message,
-        ShardingWarning,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module=frame.f_globals.get("__name__"),
-        registry={},
-        module_globals=frame.f_globals,
-    )
 
 
 def _message(name: str, mismatches: list[str]) -> str:

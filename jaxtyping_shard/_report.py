@@ -90,9 +90,15 @@ def warn(message: str, cls: Any, obj: Any) -> None:
         return
     if site.function is not None or site.argument is not None:
         message = f"{site.describe(location=False)}: {message}"
+    warn_at_user_line(message)
+
+
+def warn_at_user_line(message: str) -> None:
+    """A `ShardingWarning` at the first frame outside the library, with a fresh
+    registry, so that each call warns (the user's filters still apply)."""
     frame = user_frame(sys._getframe(1))
     if frame is None:
-        warnings.warn(message, ShardingWarning, stacklevel=2)
+        warnings.warn(message, ShardingWarning, stacklevel=3)
         return
     warnings.warn_explicit(
         message,
