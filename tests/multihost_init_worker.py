@@ -1,7 +1,7 @@
 """One process of the two-process job run by `test_multihost_init.py`.
 
-`python multihost_init_worker.py COORDINATOR_ADDRESS PROCESS_ID`: joins a job of
-2 processes x 4 forced CPU devices (gloo collectives on loopback) and builds, with
+Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4 forced
+CPU devices (gloo collectives on loopback, `join_job`) and builds, with
 `jts.sharded_init`, a `@jaxtyped` Equinox model whose parameters span both
 processes, on an Explicit and on an Auto mesh. Asserts that each process holds
 only its own shards, with the right values, and that the result passes its
@@ -11,21 +11,14 @@ held. Not collected by pytest: it needs its own process.
 
 import sys
 
+from tests.multihost import Checks, join_job
 
-def main(coordinator: str, process_id: int) -> int:
-    import jax
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator,
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-        heartbeat_timeout_seconds=30,
-        shutdown_timeout_seconds=30,
-    )
+def main() -> int:
+    process_id, _ = join_job()
 
     import equinox as eqx
+    import jax
     import jax.numpy as jnp
     import numpy as np
     from beartype import beartype
@@ -36,13 +29,7 @@ def main(coordinator: str, process_id: int) -> int:
     from jaxtyping_shard import Float
 
     assert jax.process_count() == 2 and jax.device_count() == 8
-    checks = 0
-
-    def verdict(ok: bool, what: str) -> None:
-        nonlocal checks
-        if not ok:
-            raise AssertionError(f"process {process_id}: {what}")
-        checks += 1
+    verdict = Checks(process_id)
 
     @jaxtyped(typechecker=beartype)
     class Dense(eqx.Module):
@@ -102,10 +89,8 @@ def main(coordinator: str, process_id: int) -> int:
             f"{kind} abstract sharding",
         )
 
-    print(f"WORKER {process_id} OK {checks}", flush=True)
-    jax.distributed.shutdown()
-    return 0
+    return verdict.done()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main())

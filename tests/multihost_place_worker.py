@@ -1,7 +1,7 @@
 """One process of the two-process placement job run by `test_multihost_place.py`.
 
-`python multihost_place_worker.py COORDINATOR_ADDRESS PROCESS_ID`: joins a job of
-2 processes x 4 forced CPU devices (gloo on loopback) and places a batch with
+Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4 forced
+CPU devices (gloo on loopback, `join_job`) and places a batch with
 `jts.place` over `data`, replicated over `model`, on two meshes: one where
 `model` stays inside each process (each process loads half the batch) and one
 where `model` spans the processes (both load the whole batch, as replicas).
@@ -14,20 +14,13 @@ catches unequal replicas and uneven batches on every process alike. Prints
 import functools as ft
 import sys
 
+from tests.multihost import Checks, join_job
 
-def main(coordinator: str, process_id: int) -> int:
+
+def main() -> int:
+    process_id, _ = join_job()
+
     import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator,
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-        heartbeat_timeout_seconds=30,
-        shutdown_timeout_seconds=30,
-    )
-
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental import multihost_utils
@@ -38,13 +31,7 @@ def main(coordinator: str, process_id: int) -> int:
     from jaxtyping_shard import Float, Int
 
     assert jax.process_count() == 2 and jax.local_device_count() == 4
-    checks = 0
-
-    def verdict(ok: bool, what: str) -> None:
-        nonlocal checks
-        if not ok:
-            raise AssertionError(f"process {process_id}: {what}")
-        checks += 1
+    verdict = Checks(process_id)
 
     def expect(error_type, fun, *fragments: str, what: str) -> None:
         try:
@@ -182,10 +169,8 @@ def main(coordinator: str, process_id: int) -> int:
     full = jts.place(whole, Tokens, inside, global_shape=whole.shape)
     same_as_reference(full, whole, "whole array on every process")
 
-    print(f"WORKER {process_id} OK {checks}", flush=True)
-    jax.distributed.shutdown()
-    return 0
+    return verdict.done()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """One process of the two-process JAX job run by `test_multihost.py`.
 
-`python multihost_worker.py COORDINATOR_ADDRESS PROCESS_ID`: joins a job of 2
-processes x 4 forced CPU devices (gloo collectives on loopback), builds arrays
+Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4
+forced CPU devices (gloo collectives on loopback, `join_job`), builds arrays
 that span both processes, and checks matching and mis-sharded ones eagerly,
 inside `jit` with Explicit axes (trace time) and with Auto axes (compile time).
 Prints `WORKER <id> OK <number of checks>` last, and exits 0, if all verdicts
@@ -10,20 +10,13 @@ were right. Not collected by pytest: it needs its own process.
 
 import sys
 
+from tests.multihost import Checks, join_job
 
-def main(coordinator: str, process_id: int) -> int:
+
+def main() -> int:
+    process_id, _ = join_job()
+
     import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator,
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-        heartbeat_timeout_seconds=30,
-        shutdown_timeout_seconds=30,
-    )
-
     import jax.numpy as jnp
     import jaxtyping
     import numpy as np
@@ -34,33 +27,10 @@ def main(coordinator: str, process_id: int) -> int:
     import jaxtyping_shard as jts
     from jaxtyping_shard import Float
 
-    assert jax.process_count() == 2, jax.process_count()
-    assert jax.process_index() == process_id, jax.process_index()
     assert jax.device_count() == 8, jax.devices()
     assert jax.local_device_count() == 4, jax.local_devices()
-
-    checks = 0
-
-    def verdict(ok: bool, what: str) -> None:
-        nonlocal checks
-        if not ok:
-            raise AssertionError(f"process {process_id}: {what}")
-        checks += 1
-
-    def expect_raise(error_type, fun, *args, what: str) -> str:
-        """Calls `fun(*args)`; returns the error's text, its causes included."""
-        try:
-            fun(*args)
-        except error_type as error:
-            verdict(True, what)
-            text, cause = [], error
-            while cause is not None:
-                text.append(str(cause))
-                cause = cause.__cause__
-            return "\n".join(text)
-        raise AssertionError(
-            f"process {process_id}: {what}: no {error_type.__name__} raised"
-        )
+    verdict = Checks(process_id)
+    expect_raise = verdict.raises
 
     explicit = jax.make_mesh(
         (4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit)
@@ -230,10 +200,8 @@ def main(coordinator: str, process_id: int) -> int:
                 what=f"compile-time {bad}",
             )
 
-    print(f"WORKER {process_id} OK {checks}", flush=True)
-    jax.distributed.shutdown()
-    return 0
+    return verdict.done()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main())
