@@ -12,7 +12,6 @@ import types
 import typing
 from typing import Any, Optional, Union
 
-import jax
 import jaxtyping
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -245,7 +244,7 @@ def resolve_mesh(mesh: Any, what: str) -> Any:
     """`mesh`, else the context mesh (concrete outside `jit`, abstract inside)."""
     if mesh is not None:
         return mesh
-    concrete = _concrete_context_mesh()
+    concrete = _mesh.set_concrete_mesh()
     if concrete is not None:
         return concrete
     context = _mesh.context_mesh()
@@ -254,19 +253,6 @@ def resolve_mesh(mesh: Any, what: str) -> Any:
     raise ValueError(
         f"{what} needs a mesh: pass `mesh=`, or call it under `jax.set_mesh(mesh)`."
     )
-
-
-def _concrete_context_mesh() -> Any:
-    # `jax.set_mesh` sets, outside `jit`, a concrete mesh that
-    # `jax.sharding.get_mesh` returns; inside a trace JAX refuses to give it.
-    get_mesh = getattr(jax.sharding, "get_mesh", None)
-    if get_mesh is None:  # pragma: no cover - an older JAX
-        return None
-    try:
-        mesh = get_mesh()
-    except ValueError:
-        return None
-    return None if mesh is None or getattr(mesh, "empty", True) else mesh
 
 
 def named_sharding(

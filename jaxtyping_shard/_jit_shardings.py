@@ -313,7 +313,7 @@ def _place_leaf(leaf: Any, sharding: NamedSharding) -> Any:
 
 def _call_mesh(flat: list) -> Any:
     """The context's concrete mesh, else the mesh of a committed argument."""
-    mesh = _bridge._concrete_context_mesh()
+    mesh = _mesh.set_concrete_mesh()
     if mesh is not None:
         return mesh
     for f in flat:

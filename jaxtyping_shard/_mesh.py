@@ -19,21 +19,28 @@ def context_mesh() -> Optional[Any]:
     return _compat.legacy_context_mesh()
 
 
+def set_concrete_mesh() -> Optional[Any]:
+    """The `Mesh` that `jax.set_mesh` set, with its devices, else `None`.
+
+    Only outside `jit`: inside a trace JAX gives only the abstract mesh
+    (`jax.sharding.get_mesh` raises there).
+    """
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:
+        return None
+    return None if mesh is None or mesh.empty else mesh
+
+
 def concrete_context_mesh() -> Optional[Any]:
     """The context mesh, with its devices where they are known, else `None`.
 
     `jax.set_mesh` sets both a `Mesh` and its `AbstractMesh`; only the `Mesh` can
     compare a sharding that is not a `NamedSharding` (a `GSPMDSharding`, say) with
-    a spec, since that needs the devices. Inside a trace JAX gives only the
-    abstract mesh (`jax.sharding.get_mesh` raises there).
+    a spec, since that needs the devices.
     """
-    try:
-        mesh = jax.sharding.get_mesh()
-    except ValueError:
-        mesh = None
-    if mesh is not None and not mesh.empty:
-        return mesh
-    return context_mesh()
+    mesh = set_concrete_mesh()
+    return mesh if mesh is not None else context_mesh()
 
 
 def of_aval(aval: Any) -> Optional[Any]:

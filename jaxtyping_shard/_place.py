@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from . import _bridge, _rows, _rules, _tree, _verify
+from . import _bridge, _mesh, _rows, _rules, _tree, _verify
 from ._errors import PlacementError, ShardingAnnotationError
 
 
@@ -222,7 +222,7 @@ def _layout(annotation, mesh, local_shape, given, where) -> tuple:
     """The sharding and global shape of one leaf; cached, as a data loader calls
     `place` every step (the same `NamedSharding` object also keeps JAX's own
     `device_put` caches warm)."""
-    context = _bridge._concrete_context_mesh() if mesh is None else None
+    context = _mesh.set_concrete_mesh() if mesh is None else None
     try:
         key: Any = (
             annotation,

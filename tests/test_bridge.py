@@ -87,6 +87,27 @@ def test_sharding_of_inside_jit_uses_the_abstract_mesh(mesh_explicit):
     assert out.sharding.spec == P("data", None)
 
 
+def test_the_concrete_context_mesh_outside_jit_only(mesh_4x2):
+    # `jax.sharding.get_mesh` (public since the supported floor, jax 0.8.1) gives
+    # the `Mesh` that `jax.set_mesh` set outside `jit` and raises inside.
+    from jaxtyping_shard import _mesh
+
+    assert _mesh.set_concrete_mesh() is None
+    seen = []
+
+    @jax.jit
+    def f(x):
+        seen.append((_mesh.set_concrete_mesh(), _mesh.concrete_context_mesh()))
+        return x
+
+    with jax.set_mesh(mesh_4x2):
+        assert _mesh.set_concrete_mesh() is mesh_4x2
+        f(jnp.zeros(2))
+    inside, context = seen[0]
+    assert inside is None
+    assert context == mesh_4x2.abstract_mesh  # only the abstract mesh in a trace
+
+
 def test_shardings_of_abstract_tree(mesh_4x2):
     init = lambda: Dense(jnp.zeros((4, 8)), jnp.zeros(8), jnp.ones(()))
     abstract = jax.eval_shape(init)
