@@ -221,10 +221,16 @@ def _like_checkers(paths: tuple, like: Any) -> tuple:
 
 
 def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
-    ndim = len(getattr(leaf, "shape", ()))
+    shape = tuple(getattr(leaf, "shape", ()))
     where = "like" + jax.tree_util.keystr(path)
     if _bridge.has_sharding(annotation):
-        return _bridge.spec_for(annotation, ndim, where)
+        # A logical annotation resolves as a check of that leaf would: with its
+        # shape (fallback lists skip candidates that do not divide) and its mesh;
+        # inside shard_map the shape is a local one, so by rank only.
+        mesh = _leaf_mesh(leaf)
+        manual = mesh is not None and AxisType.Manual in mesh.axis_types
+        known = None if manual and isinstance(leaf, Tracer) else shape
+        return _bridge.spec_for(annotation, len(shape), where, shape=known, mesh=mesh)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)
@@ -253,3 +259,11 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
         f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
         "mesh axes to compare with. Place it with a NamedSharding."
     )
+
+
+def _leaf_mesh(leaf: Any) -> Any:
+    """The mesh a leaf of `like` lives on: its own, its type's, or the context's."""
+    if isinstance(leaf, Tracer):
+        return _mesh.of_aval(jax.typeof(leaf))
+    mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+    return mesh if mesh is not None and not mesh.empty else _mesh.context_mesh()

@@ -246,3 +246,58 @@ def test_meshes_of_both_kinds_eagerly():
         jts.check_tree(make(mesh))
         with pytest.raises(jts.ShardingTypeCheckError, match="1 of 5"):
             jts.check_tree(make(mesh, {"w_out0"}))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Embedding:
+    table: Float[Array, "vocab embed", jts.Logical]
+    proj: Float[Array, "embed mlp", jts.Logical]
+
+
+# `vocab` falls back to `model` where `data` (4) does not divide it (6 rows).
+LOGICAL_RULES = {"vocab": ["data", "model"], "embed": None, "mlp": "model"}
+
+
+def _embedding(mesh, table_spec=P("model", None)):
+    return Embedding(
+        place(mesh, (6, 4), table_spec), place(mesh, (4, 8), P(None, "model"))
+    )
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto])
+def test_logical_annotations_resolve_with_the_rules_in_force(kind):
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    params, bad = _embedding(mesh), _embedding(mesh, P())
+    with jts.axis_rules(LOGICAL_RULES), no_transfers():
+        assert jts.check_tree(params, name="params") is params
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            jts.check_tree(bad, name="params")
+        jts.check_tree(params, name="params")  # warm plan, good again
+    text = str(info.value)
+    assert "1 of 2" in text and "params.table" in text and "params.proj" not in text
+    assert "sharded as `float32[6,4]`" in text, text
+    assert "not P('model', None) (from logical `vocab embed`" in text, text
+    # Another table in force: the same tree now fails where it passed.
+    with jts.axis_rules({**LOGICAL_RULES, "vocab": None}):
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"params\.table"):
+            jts.check_tree(params, name="params")
+        jts.check_tree(bad, name="params")
+    with pytest.raises(jts.ShardingAnnotationError, match="rules"):
+        jts.check_tree(params)  # no rules in force: no meaning, an error
+
+
+def test_like_resolves_logical_annotations_with_shape_and_mesh(mesh_4x2):
+    # `like`'s leaves are logical: each resolves with its own shape, so `vocab`
+    # (6 rows) falls back to `model`, as a check of `params` itself says.
+    params = _embedding(mesh_4x2)
+    grads = jax.tree.map(lambda x: x * 0, params)
+    wrong = dict(table=place(mesh_4x2, (6, 4), P()), proj=grads.proj)
+    with jts.axis_rules(LOGICAL_RULES):
+        jts.check_tree(params)
+        assert jts.check_tree(grads, like=params, name="grads") is grads
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            jts.check_tree(wrong, like=params, name="grads")
+    text = str(info.value)
+    assert "1 of 2" in text and "grads['table']" in text, text
+    assert "P('model', None)" in text, text
