@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Optional
 
-from . import _check_tree, _tree
+from . import _check_tree, _hints, _tree
 from ._config import current_mode
 
 
@@ -53,7 +53,7 @@ def checked(fun: Callable) -> Callable:
 def _failures(
     value: Any, hint: Any, name: str, function: str, is_return: bool
 ) -> tuple[list, int]:
-    if _tree.leaf_annotation(hint) is not None:
+    if _hints.leaf_annotation(hint) is not None:
         # A parameter (or return) annotated as one array is the function's own
         # checker's to check (jaxtyped, beartype, typeguard); checking it here too
         # would report each of its mismatches twice.

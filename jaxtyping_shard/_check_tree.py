@@ -12,7 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 # widths), so the memo stack is hidden while they are: read in this one place.
 from jaxtyping._storage import _shape_storage
 
-from . import _bridge, _check, _mesh, _site, _tree
+from . import _bridge, _check, _mesh, _paths, _site, _tree
 from ._errors import ShardingAnnotationError, ShardingTypeCheckError
 
 
@@ -158,7 +158,7 @@ def leaf_failures(
             else:
                 reason = _reason(checker, leaf)
             if reason:
-                failures.append((_tree.path_name(name, path), reason))
+                failures.append((_paths.path_name(name, path), reason))
     finally:
         if hidden:
             _shape_storage.memo_stack = hidden
@@ -200,14 +200,14 @@ class _Missing:
 def _like_checkers(paths: tuple, like: Any) -> tuple:
     like_leaves, like_plan = _tree.plan_for(like)
     by_path = {
-        tuple(map(_tree._key_id, p)): (leaf, annotation, p)
+        tuple(map(_paths.key_id, p)): (leaf, annotation, p)
         for leaf, annotation, p in zip(
             like_leaves, like_plan.annotations, like_plan.paths
         )
     }
     out: list[Any] = []
     for path in paths:
-        found = by_path.get(tuple(map(_tree._key_id, path)))
+        found = by_path.get(tuple(map(_paths.key_id, path)))
         if found is None:
             out.append(
                 _Missing(

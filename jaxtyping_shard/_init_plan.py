@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _bridge, _mesh, _spec, _tree
+from . import _bridge, _mesh, _paths, _spec, _tree
 from ._errors import ShardingAnnotationError
 
 
@@ -61,10 +61,10 @@ def stacked_prefixes(
             f"stacked must map a path pattern to a number of leading dims, e.g. "
             f"{{'blocks/**': 1}}, not {type(stacked).__name__}."
         )
-    texts = [_tree.rule_path(p) for p in paths]
+    texts = [_paths.rule_path(p) for p in paths]
     for pattern, value in stacked.items():
         lead = _leading(value, pattern)
-        regex = _tree._compile_pattern(pattern)  # the rules' pattern syntax
+        regex = _paths.compile_pattern(pattern)  # the rules' pattern syntax
         hits = [i for i, text in enumerate(texts) if regex.fullmatch(text)]
         if not hits:
             sample = ", ".join(repr(t) for t in texts[:6])
@@ -161,7 +161,7 @@ def leaf_shardings(
         except ShardingAnnotationError as error:
             hint = (
                 " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
-                f"extra leading dim: `stacked={{{_tree.rule_path(path)!r}: 1}}`."
+                f"extra leading dim: `stacked={{{_paths.rule_path(path)!r}: 1}}`."
                 if not lead
                 else ""
             )

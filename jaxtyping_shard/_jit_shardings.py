@@ -22,7 +22,7 @@ import jax
 from jax.core import Tracer
 from jax.sharding import NamedSharding
 
-from . import _bridge, _mesh, _rules, _spec, _tree
+from . import _bridge, _hints, _mesh, _rules, _spec, _tree
 from ._errors import ShardingTypeCheckError
 from ._place import parameter_hint
 
@@ -200,7 +200,7 @@ class AnnotatedJit:
         hint = self._hint_return()
         if hint is None:
             return None
-        if _tree.leaf_annotation(hint) is not None and _bridge.has_sharding(hint):
+        if _hints.leaf_annotation(hint) is not None and _bridge.has_sharding(hint):
             try:
                 spec = _bridge.spec_for(hint, None, f"{self._name} return")
             except Exception:  # its rank depends on the value: trace for it

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from . import _bridge, _mesh, _rows, _rules, _tree, _verify
+from . import _bridge, _mesh, _paths, _rows, _rules, _tree, _verify
 from ._errors import PlacementError, ShardingAnnotationError
 
 
@@ -279,7 +279,7 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
         )
     leaves, plan = _tree.plan_for(local, annotations, rules)
     arrays = [x if hasattr(x, "shape") else np.asarray(x) for x in leaves]
-    names = [_tree.path_name("local", p) for p in plan.paths]
+    names = [_paths.path_name("local", p) for p in plan.paths]
     givens = _global_shapes(global_shape, len(arrays), where)
     shardings, shapes = [], []
     for name, x, annotation, given in zip(names, arrays, plan.annotations, givens):

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import jax
 from jax.sharding import PartitionSpec
 
-from . import _bridge, _logical, _mesh, _tree
+from . import _bridge, _hints, _logical, _mesh, _tree
 from ._errors import ShardingAnnotationError
 
 
@@ -17,7 +17,7 @@ def _is_tree_hint(annotation: Any) -> bool:
     """A hint for a pytree (a class, `dict[str, A]`, `list[Block]`): specs per leaf."""
     if annotation is inspect.Parameter.empty or annotation is None:
         return False
-    if _bridge.has_sharding(annotation) or _tree.leaf_annotation(annotation):
+    if _bridge.has_sharding(annotation) or _hints.leaf_annotation(annotation):
         return False
     return isinstance(annotation, type) or typing.get_origin(annotation) is not None
 

@@ -27,8 +27,11 @@ Interface (reuse it unchanged):
   keep what they derive from a plan (per-leaf checkers, say), under their own
   key, so that it too is computed once per structure.
 - `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
-- `path_name(name, path)`: how a leaf is named in messages
+- `_paths.path_name(name, path)`: how a leaf is named in messages
   (`model.blocks[1].mlp.w_in`).
+
+What a hint says about a leaf is read by `_hints`; key paths and path rules are
+`_paths`'s.
 
 Which annotation applies to a leaf, from strongest to weakest: a rule that
 matches its path; the nearest enclosing entry of the annotation tree (a
@@ -39,33 +42,23 @@ field annotations of dataclasses, Equinox modules and NamedTuples, read with
 `typing.get_type_hints` from the value's own class.
 
 Rule patterns are matched against the leaf's path written with `/` between
-keys: dict keys, attribute names and sequence indices, e.g.
-`blocks/1/mlp/weight` for `model.blocks[1].mlp.weight`. In a pattern, `*`
-matches within one key, `**` matches any number of whole keys (zero included),
-`?` one character; everything else is literal, and the whole path must match.
-Rules are strict: a rule that matches no leaf, or a leaf that two rules match,
-is a `ShardingAnnotationError`.
+keys (`blocks/1/mlp/weight`); see `_paths`.
 """
 
 import collections.abc
 import dataclasses
-import functools as ft
-import re
 import threading
-import types
 import typing
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional
 
 import jax
-import jaxtyping
-from jax.sharding import NamedSharding, PartitionSpec
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+from jax.sharding import PartitionSpec
+from jax.tree_util import GetAttrKey
 
-from . import _bridge
+from . import _bridge, _hints, _paths
 from ._errors import ShardingAnnotationError
 
 
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 _SEQUENCES = (list, collections.abc.Sequence, collections.abc.MutableSequence)
 _MAPPINGS = (
     dict,
@@ -74,7 +67,6 @@ _MAPPINGS = (
     collections.OrderedDict,
     collections.defaultdict,
 )
-_PyTreeMeta: Any = type(jaxtyping.PyTree[int])
 
 
 class Leaf(NamedTuple):
@@ -93,41 +85,6 @@ class Plan:
     cache: dict = dataclasses.field(default_factory=dict)
 
 
-def path_name(name: str, path: tuple) -> str:
-    return name + jax.tree_util.keystr(path)
-
-
-def rule_path(path: tuple) -> str:
-    """`blocks/1/mlp/weight`: the path that rule patterns are matched against."""
-    return "/".join(_key_text(k) for k in path)
-
-
-def _key_text(key: Any) -> str:
-    if isinstance(key, GetAttrKey):
-        return key.name
-    if isinstance(key, DictKey):
-        return str(key.key)
-    if isinstance(key, SequenceKey):
-        return str(key.idx)
-    if isinstance(key, FlattenedIndexKey):
-        return str(key.key)
-    return str(key)
-
-
-def _key_id(key: Any) -> Any:
-    # An annotation tree may be a dict for a dataclass (`{"w": P("data")}`): keys
-    # match by name, whichever container holds them.
-    if isinstance(key, GetAttrKey):
-        return ("name", key.name)
-    if isinstance(key, DictKey):
-        return ("name", key.key) if isinstance(key.key, str) else ("key", key.key)
-    if isinstance(key, SequenceKey):
-        return ("index", key.idx)
-    if isinstance(key, FlattenedIndexKey):
-        return ("index", key.key)
-    return ("other", str(key))
-
-
 def _children(node: Any) -> Optional[list]:
     """`[(key, child), ...]` one level down, or `None` if `node` is a leaf."""
     pairs, _ = jax.tree_util.tree_flatten_with_path(
@@ -138,63 +95,6 @@ def _children(node: Any) -> Optional[list]:
     return [(path[0], child) for path, child in pairs]
 
 
-def is_annotation_leaf(x: Any) -> bool:
-    """Whether `x` ends an annotation tree (not a container to descend into)."""
-    if x is None or isinstance(x, (PartitionSpec, NamedSharding, type)):
-        return True
-    return typing.get_origin(x) is not None or isinstance(x, (str, typing.TypeVar))
-
-
-@ft.lru_cache(maxsize=512)
-def field_hints(cls: type) -> dict:
-    """The type hints of a class's fields (`from __future__ import annotations` ok)."""
-    if not getattr(cls, "__annotations__", None) and not dataclasses.is_dataclass(cls):
-        return {}
-    try:
-        return typing.get_type_hints(cls, include_extras=True)
-    except Exception as error:
-        raise ShardingAnnotationError(
-            f"The field annotations of {cls.__module__}.{cls.__qualname__} cannot be "
-            f"resolved ({type(error).__name__}: {error}), so the shardings they "
-            "declare cannot be read. Define the class, and the names its "
-            "annotations use, at module level (names under `TYPE_CHECKING` are "
-            "invisible at run time)."
-        ) from None
-
-
-def _strip(hint: Any) -> Any:
-    """`Annotated[T, ...]` -> `T`; `Optional[T]` -> `T`; `Any` -> None."""
-    while True:
-        origin = typing.get_origin(hint)
-        if origin is typing.Annotated:
-            hint = typing.get_args(hint)[0]
-        elif origin in _UNION_TYPES:
-            members = [m for m in typing.get_args(hint) if m is not type(None)]
-            if len(members) != 1:
-                return hint
-            hint = members[0]
-        elif hint is typing.Any:
-            return None
-        else:
-            return hint
-
-
-def leaf_annotation(hint: Any) -> Any:
-    """What a hint says about one array: an annotation to check, or `None`."""
-    hint = _strip(hint)
-    if isinstance(hint, _PyTreeMeta):
-        return leaf_annotation(getattr(hint, "leaftype", None))
-    if isinstance(hint, (PartitionSpec, NamedSharding)):
-        return hint
-    if isinstance(hint, type) and issubclass(hint, jaxtyping.AbstractArray):
-        return hint
-    if typing.get_origin(hint) in _UNION_TYPES:
-        members = [leaf_annotation(m) for m in typing.get_args(hint)]
-        if any(m is not None for m in members) and _bridge.sharded_members(hint):
-            return hint
-    return None
-
-
 class _Prefix(NamedTuple):
     """A node of an annotation tree, matched against the value tree below it."""
 
@@ -202,18 +102,18 @@ class _Prefix(NamedTuple):
 
 
 def _is_array_hint(hint: Any) -> bool:
-    return leaf_annotation(hint) is not None
+    return _hints.leaf_annotation(hint) is not None
 
 
 def _child_hints(node: Any, kids: list, hint: Any, where: tuple) -> list:
     """One hint per child of `node`, given the hint for `node` itself."""
     if isinstance(hint, _Prefix):
-        if is_annotation_leaf(hint.node):
+        if _hints.is_annotation_leaf(hint.node):
             hint = hint.node  # None here means: nothing given, fields apply
         else:
             return _match_prefix(node, kids, hint.node, where)
-    hint = _strip(hint)
-    if isinstance(hint, _PyTreeMeta) or _is_array_hint(hint):
+    hint = _hints.strip(hint)
+    if isinstance(hint, _hints.PyTreeMeta) or _is_array_hint(hint):
         return [hint] * len(kids)  # applies to every leaf below
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -226,7 +126,7 @@ def _child_hints(node: Any, kids: list, hint: Any, where: tuple) -> list:
         return [args[0]] * len(kids)
     elif origin in _MAPPINGS and len(args) == 2:
         return [args[1]] * len(kids)
-    elif origin in _UNION_TYPES:
+    elif origin in _hints.UNION_TYPES:
         for member in typing.get_args(hint):
             cls = typing.get_origin(member) or member
             if isinstance(cls, type) and isinstance(node, cls):
@@ -235,7 +135,7 @@ def _child_hints(node: Any, kids: list, hint: Any, where: tuple) -> list:
 
 
 def _field_child_hints(node: Any, kids: list) -> list:
-    hints = field_hints(type(node)) if kids else {}
+    hints = _hints.field_hints(type(node)) if kids else {}
     return [hints.get(k.name) if isinstance(k, GetAttrKey) else None for k, _ in kids]
 
 
@@ -243,11 +143,11 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
     ann_kids = _children(ann)
     if ann_kids is None:  # pragma: no cover - is_annotation_leaf said otherwise
         return [ann] * len(kids)
-    by_key = {_key_id(k): child for k, child in ann_kids}
+    by_key = {_paths.key_id(k): child for k, child in ann_kids}
     out = []
     for (key, _), field_hint in zip(kids, _field_child_hints(node, kids)):
         try:
-            given = by_key.pop(_key_id(key))
+            given = by_key.pop(_paths.key_id(key))
             # `None`: nothing given here, the field's own annotation applies.
             out.append(field_hint if given is None else _Prefix(given))
         except KeyError:
@@ -255,10 +155,10 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
                 f"The annotation tree is not a prefix of the value's tree: at "
                 f"`{jax.tree_util.keystr(where)}` the value has key "
                 f"`{jax.tree_util.keystr((key,))}`, the annotations "
-                f"{sorted(_key_text(k) for k, _ in ann_kids)} do not. Give one entry "
-                "per key (`None` where nothing applies)."
+                f"{sorted(_paths.key_text(k) for k, _ in ann_kids)} do not. Give one "
+                "entry per key (`None` where nothing applies)."
             ) from None
-    extra = [k for k, v in ann_kids if _key_id(k) in by_key and v is not None]
+    extra = [k for k, v in ann_kids if _paths.key_id(k) in by_key and v is not None]
     if extra:
         raise ShardingAnnotationError(
             f"The annotation tree is not a prefix of the value's tree: at "
@@ -273,97 +173,25 @@ def _visit(node: Any, path: tuple, hint: Any, out: list) -> None:
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
-            if not is_annotation_leaf(hint.node):
+            if not _hints.is_annotation_leaf(hint.node):
                 raise ShardingAnnotationError(
                     f"The annotation tree is not a prefix of the value's tree: at "
                     f"`{jax.tree_util.keystr(path)}` the value is a leaf but the "
                     f"annotations hold a {type(hint.node).__name__}."
                 )
             hint = hint.node
-        out.append((path, node, _checked_leaf(leaf_annotation(hint), hint, path)))
+        annotation = _checked_leaf(_hints.leaf_annotation(hint), path)
+        out.append((path, node, annotation))
         return
     for (key, child), child_hint in zip(kids, _child_hints(node, kids, hint, path)):
         if child is not None:
             _visit(child, (*path, key), child_hint, out)
 
 
-def _checked_leaf(annotation: Any, hint: Any, path: tuple) -> Any:
+def _checked_leaf(annotation: Any, path: tuple) -> Any:
     if isinstance(annotation, PartitionSpec):
         _bridge.layout_of(annotation, jax.tree_util.keystr(path))  # validates it
     return annotation
-
-
-def _validate_given(value: Any, what: str) -> None:
-    if value is None or isinstance(value, (PartitionSpec, NamedSharding)):
-        if isinstance(value, PartitionSpec):
-            _bridge.layout_of(value, what)
-        return
-    if leaf_annotation(value) is None and not isinstance(value, (type, _PyTreeMeta)):
-        if typing.get_origin(value) is None:
-            raise ShardingAnnotationError(
-                f"{what}: {value!r} is not an annotation, a PartitionSpec or a "
-                "NamedSharding."
-            )
-
-
-# Rules.
-
-
-@ft.lru_cache(maxsize=256)
-def _compile_pattern(pattern: str) -> "re.Pattern[str]":
-    if not isinstance(pattern, str) or not pattern:
-        raise ShardingAnnotationError(
-            f"A rule's pattern must be a non-empty string like 'blocks/*/weight', not "
-            f"{pattern!r}."
-        )
-    out = []
-    pieces = pattern.split("/")
-    for i, piece in enumerate(pieces):
-        last = i == len(pieces) - 1
-        if piece == "**":
-            out.append("(?:.*)" if last else "(?:[^/]*/)*")
-            continue
-        text = ""
-        for char in piece:
-            text += {"*": "[^/]*", "?": "[^/]"}.get(char) or re.escape(char)
-        out.append(text if last else text + "/")
-    return re.compile("".join(out))
-
-
-def _apply_rules(items: list, rules: Any) -> list:
-    if not isinstance(rules, collections.abc.Mapping):
-        raise ShardingAnnotationError(
-            f"rules must be a mapping from a path pattern to an annotation, not "
-            f"{type(rules).__name__}."
-        )
-    compiled = []
-    for pattern, value in rules.items():
-        _validate_given(value, f"rule {pattern!r}")
-        compiled.append((pattern, _compile_pattern(pattern), value))
-    used = {pattern: 0 for pattern, _, _ in compiled}
-    out = []
-    for path, leaf, annotation in items:
-        text = rule_path(path)
-        hits = [(p, v) for p, regex, v in compiled if regex.fullmatch(text)]
-        if len(hits) > 1:
-            raise ShardingAnnotationError(
-                f"The leaf `{text}` is matched by the rules "
-                f"{' and '.join(repr(p) for p, _ in hits)}; a leaf takes one rule. "
-                "Narrow the patterns."
-            )
-        if hits:
-            used[hits[0][0]] += 1
-            annotation = leaf_annotation(hits[0][1])
-        out.append((path, leaf, annotation))
-    unused = [p for p, n in used.items() if n == 0]
-    if unused:
-        sample = ", ".join(repr(rule_path(p)) for p, _, _ in items[:6])
-        raise ShardingAnnotationError(
-            f"The rules {', '.join(repr(p) for p in unused)} match no leaf. Paths "
-            f"look like {sample or '(no leaves)'}: keys joined with '/', `*` within "
-            "a key, `**` across keys."
-        )
-    return out
 
 
 # Plans.
@@ -374,10 +202,10 @@ _PLAN_LIMIT = 1024
 
 
 def _annotations_key(annotations: Any) -> Any:
-    if annotations is None or is_annotation_leaf(annotations):
+    if annotations is None or _hints.is_annotation_leaf(annotations):
         return ("leaf", annotations)
     leaves, treedef = jax.tree_util.tree_flatten(
-        annotations, is_leaf=is_annotation_leaf
+        annotations, is_leaf=_hints.is_annotation_leaf
     )
     return ("tree", treedef, tuple(leaves))
 
@@ -393,15 +221,16 @@ def _rules_key(rules: Any) -> Any:
 def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> list:
     """The walk itself, uncached: `[(path, leaf, annotation), ...]`."""
     if annotations is not None:
-        if is_annotation_leaf(annotations):
-            _validate_given(annotations, "annotations")
-        hint = annotations if is_annotation_leaf(annotations) else _Prefix(annotations)
+        if _hints.is_annotation_leaf(annotations):
+            _hints.validate_given(annotations, "annotations")
+        leaf = _hints.is_annotation_leaf(annotations)
+        hint = annotations if leaf else _Prefix(annotations)
     else:
         hint = None
     items: list = []
     _visit(tree, (), hint, items)
     if rules is not None:
-        items = _apply_rules(items, rules)
+        items = _paths.apply_rules(items, rules)
     return items
 
 

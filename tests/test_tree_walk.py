@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, PyTree
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _tree, Float
+from jaxtyping_shard import _paths, _tree, Float
 
 
 W = Float[Array, "e m", P(None, "model")]
@@ -64,7 +64,7 @@ def same(annotation):
 
 
 def names(leaves, name="model"):
-    return {_tree.path_name(name, leaf.path): same(leaf.annotation) for leaf in leaves}
+    return {_paths.path_name(name, leaf.path): same(leaf.annotation) for leaf in leaves}
 
 
 def test_fields_lists_dicts_tuples():
@@ -152,7 +152,7 @@ def test_rules():
 
 def test_rule_paths_and_pattern_syntax():
     m = model()
-    paths = [_tree.rule_path(x.path) for x in _tree.walk(m)]
+    paths = [_paths.rule_path(x.path) for x in _tree.walk(m)]
     assert paths[:2] == ["blocks/0/w_in", "blocks/0/b"]
     assert "norms/a" in paths
     got = names(_tree.walk(m, rules={"**": P()}))
