@@ -28,10 +28,10 @@ from ._place import (
 )
 from ._rules import (
     axis_rules as axis_rules,
-    AxisRules as AxisRules,
     get_axis_rules as get_axis_rules,
     set_axis_rules as set_axis_rules,
 )
+from ._rules_table import AxisRules as AxisRules
 from ._shard_map import typed_shard_map as typed_shard_map
 from ._shardings import shardings as shardings
 from ._spec import format_spec as format_spec

@@ -14,7 +14,8 @@ from typing import Any, Optional, Union
 
 from . import _notation, _spec
 from ._errors import ShardingAnnotationError
-from ._rules import AxisRules, Candidate, current, format_candidate
+from ._rules import current
+from ._rules_table import AxisRules, Candidate, format_candidate
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
