@@ -54,7 +54,8 @@ def figures(smoke: bool) -> list[dict]:
     out = []
     for kind in (AxisType.Explicit, AxisType.Auto):
         mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
-        compiled, _ = _init.compile_init(_fn(n), key, mesh=mesh, annotations=SPECS)
+        request = _init.Request(_fn(n), (key,), mesh=mesh, annotations=SPECS)
+        compiled, _ = _init.compile_init(request)
         temp = compiled.memory_analysis().temp_size_in_bytes
         out.append(
             _row(

@@ -18,114 +18,45 @@ The steps, each reusing the one path from annotation to sharding:
 4. Verify every leaf of the result against its sharding (metadata only).
 """
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from . import _bridge, _compile_check, _init_plan, _lowering, _mesh, _spec
+from . import _bridge, _init_plan, _lowering, _mesh, _spec
 from ._config import current_mode
 from ._errors import ShardingTypeCheckError, ShardingWarning
+from ._init_trace import abstract_shapes, run_deferred, Traced
 from ._jit import sharding_errors
 
 
-def _is_dynamic(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One call of `sharded_init` or `abstract`: `fn`, its arguments, the options
+    (their meaning is in `sharded_init`'s docstring) and the caller's name."""
+
+    fn: Callable
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    mesh: Any = None
+    annotations: Any = None
+    rules: Optional[Mapping[str, Any]] = None
+    stacked: Optional[Mapping[str, Any]] = None
+    strict: bool = False
+    what: str = "sharded_init"
 
 
-def _split(tree: Any, keep: Callable[[Any], bool]) -> tuple[list, list, Any]:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    dynamic = [x if keep(x) else None for x in leaves]
-    static = [None if keep(x) else x for x in leaves]
-    return dynamic, static, treedef
+class Plan(NamedTuple):
+    """What a `Request` creates, decided before compiling."""
 
-
-def _merge(dynamic: list, static: list, treedef: Any) -> Any:
-    leaves = [s if d is None else d for d, s in zip(dynamic, static)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-class _Traced:
-    """`fn` as a function of its array inputs only, returning array leaves only."""
-
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
-        self.fn = fn
-        # JAX names the compiled module (and compile-time errors name it) after this.
-        self.__name__ = f"sharded_init_{getattr(fn, '__name__', 'fn')}"
-        self.inputs, self.in_static, self.in_treedef = _split(
-            (args, kwargs), _is_dynamic
-        )
-        self.out_static: Optional[list] = None
-        self.out_treedef: Any = None
-        # Compile-time checks of values that `fn` returns: (output index, cls,
-        # site), run on the concrete result instead (see `_defer_checks`).
-        self.deferred: list = []
-
-    def __call__(self, inputs: list) -> list:
-        args, kwargs = _merge(inputs, self.in_static, self.in_treedef)
-        previous = _compile_check.watching.checks
-        collected: list = []
-        _compile_check.watching.checks = collected
-        try:
-            out = self.fn(*args, **kwargs)
-        finally:
-            _compile_check.watching.checks = previous
-        arrays, self.out_static, self.out_treedef = _split(out, _init_plan.is_array)
-        arrays = [x for x in arrays if x is not None]
-        self.deferred = _defer_checks(collected, arrays)
-        return arrays
-
-    def rebuild(self, arrays: list) -> Any:
-        assert self.out_static is not None
-        it = iter(arrays)
-        dynamic = [next(it) if s is None else None for s in self.out_static]
-        return _merge(dynamic, self.out_static, self.out_treedef)
-
-
-def _defer_checks(collected: list, outputs: list) -> list:
-    """The compile-time checks of values `fn` returns, moved onto the result.
-
-    A check of a value that `fn` returns (a module's field, as its generated
-    `__init__` receives it) is a check of the result: it runs on the concrete
-    array, whose layout is the annotated one. Checked inside the compile, XLA may
-    report another layout for the same value (a constant it copies per user),
-    which would be a false alarm. Checks of intermediates stay compile-time.
-    """
-    where = {id(x): i for i, x in enumerate(outputs)}
-    deferred = []
-    for obj, check in collected:
-        if id(obj) in where:
-            check.on_result = True
-            deferred.append((where[id(obj)], check))
-    return deferred
-
-
-def _run_deferred(traced: "_Traced", arrays: list, tree: Any) -> None:
-    if not traced.deferred:
-        return
-    paths = [p for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-             if _init_plan.is_array(x)]
-    failures: dict = {}
-    for index, check in traced.deferred:
-        mismatch = check.mismatch(arrays[index].sharding, ())
-        if mismatch is None or check.mode == "off":
-            continue
-        text = (
-            f"{mismatch.replace('XLA sharded it', 'it is sharded', 1)}; created as "
-            f"output{jax.tree_util.keystr(paths[index])}"
-        )
-        if check.mode == "warn":
-            warnings.warn(text, ShardingWarning, stacklevel=4)
-        else:
-            failures.setdefault(text)  # jaxtyped re-checks arguments
-    if failures:
-        raise ShardingTypeCheckError(
-            "sharded_init: checks in the function, run on its result:\n  "
-            + "\n  ".join(failures)
-        )
+    mesh: Mesh
+    traced: Traced
+    abstract_tree: Any  # `jax.ShapeDtypeStruct` array leaves, no shardings
+    shardings: list  # per leaf of `abstract_tree`: a NamedSharding, or None
 
 
 def _concrete_mesh(mesh: Any, what: str) -> Mesh:
@@ -139,54 +70,28 @@ def _concrete_mesh(mesh: Any, what: str) -> Mesh:
     return mesh
 
 
-def _all_auto(mesh: Mesh) -> Mesh:
-    kinds = (AxisType.Auto,) * len(mesh.axis_names)
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=kinds)
-
-
-def _abstract(traced: _Traced, mesh: Mesh) -> Any:
-    """The output tree with `jax.ShapeDtypeStruct` array leaves (no shardings)."""
-    # Inputs without shardings: a key made under another `jax.set_mesh` would
-    # carry that mesh into a trace under this one.
-    inputs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-              for x in traced.inputs]
-    with jax.set_mesh(_all_auto(mesh)):
-        shapes = jax.eval_shape(traced, inputs)
-    return traced.rebuild(shapes)
-
-
-def _plan(fn, args, kwargs, mesh, annotations, rules, stacked, strict, what):
-    mesh = _concrete_mesh(mesh, what)
-    traced = _Traced(fn, args, kwargs)
-    abstract_tree = _abstract(traced, mesh)
+def plan(request: Request) -> Plan:
+    """Traces `fn` with no data and lays out every leaf (errors before compiling)."""
+    mesh = _concrete_mesh(request.mesh, request.what)
+    traced = Traced(request.fn, request.args, dict(request.kwargs))
+    tree = abstract_shapes(traced, mesh)
     shardings = _init_plan.leaf_shardings(
-        abstract_tree, mesh, annotations, rules, stacked, strict, what
+        tree,
+        mesh,
+        request.annotations,
+        request.rules,
+        request.stacked,
+        request.strict,
+        request.what,
     )
-    return mesh, traced, abstract_tree, shardings
+    return Plan(mesh, traced, tree, shardings)
 
 
-def _options(mesh, annotations, rules, stacked, strict) -> dict:
-    return dict(
-        mesh=mesh, annotations=annotations, rules=rules, stacked=stacked, strict=strict
-    )
-
-
-def compile_init(
-    fn: Callable,
-    *args: Any,
-    mesh: Any = None,
-    annotations: Any = None,
-    rules: Optional[Mapping[str, Any]] = None,
-    stacked: Optional[Mapping[str, Any]] = None,
-    strict: bool = False,
-    **kwargs: Any,
-) -> tuple[Any, Callable[[], Any]]:
+def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
     """`(compiled, run)`: the compiled init (for `memory_analysis()`) and a thunk
     that runs it and returns the verified tree. Used by `sharded_init`, tests and
     the benchmark."""
-    mesh, traced, _, shardings = _plan(
-        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "sharded_init"
-    )
+    mesh, traced, _, shardings = plan(request)
     out_shardings = [s for s in shardings if s is not None]
     body: Callable = traced
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
@@ -215,7 +120,7 @@ def compile_init(
         with jax.set_mesh(mesh), sharding_errors():
             arrays = compiled(args)
         tree = traced.rebuild(arrays)
-        _run_deferred(traced, arrays, tree)
+        run_deferred(traced, arrays, tree)
         verify(tree, shardings, "sharded_init")
         return tree
 
@@ -354,8 +259,8 @@ def sharded_init(
     fails when XLA compiles it, or a leaf of the result is not laid out as
     annotated.
     """
-    options = _options(mesh, annotations, rules, stacked, strict)
-    _, run = compile_init(fn, *args, **options, **kwargs)
+    request = Request(fn, args, kwargs, mesh, annotations, rules, stacked, strict)
+    _, run = compile_init(request)
     return run()
 
 
@@ -403,9 +308,10 @@ def abstract(
     [`jaxtyping_shard.ShardingAnnotationError`][] as `sharded_init` does before
     compiling.
     """
-    _, traced, tree, shardings = _plan(
+    request = Request(
         fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract"
     )
+    _, _, tree, shardings = plan(request)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     out = [
         leaf

@@ -35,9 +35,10 @@ ANNOTATIONS = {"w_in": SPEC, "w_out": SPEC, "bias": P("model")}
 
 
 def _temp_bytes(mesh) -> int:
-    compiled, _ = _init.compile_init(
-        _init_fn, jax.random.key(0), mesh=mesh, annotations=ANNOTATIONS
+    request = _init.Request(
+        _init_fn, (jax.random.key(0),), mesh=mesh, annotations=ANNOTATIONS
     )
+    compiled, _ = _init.compile_init(request)
     return compiled.memory_analysis().temp_size_in_bytes
 
 
