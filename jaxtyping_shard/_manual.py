@@ -69,10 +69,16 @@ def explain_shape(cls: Any, view: GlobalView, message: str) -> str:
     )
 
 
-# The frames that hold a shard_map body's argument tracers and, one frame up,
-# its `in_specs`: jit / staged (`trace_to_jaxpr` under `_shard_map_staging`) and
-# eager (`_run_shmap` under `_shard_map_impl`).
-_BODY_FRAMES = {"trace_to_jaxpr": "_shard_map_staging", "_run_shmap": "_shard_map_impl"}
+# The frames of JAX that call a shard_map body's tracing with its `in_specs` as a
+# local: jit / staged (`_shard_map_staging`) and eager (`_run_shmap` under
+# `_shard_map_impl`). The frame they call, which owns the body's trace, is named
+# differently in every release (`trace_to_jaxpr_dynamic` in 0.8, `trace_to_jaxpr`
+# in 0.10, `trace_to_jaxpr_nocache` in 0.12, `_run_shmap` eager), so it is found
+# by the trace it holds, not by its name, among the few frames just below.
+_SPEC_FRAMES = frozenset({"_shard_map_staging", "_shard_map_impl"})
+# How far below that caller the owner may be: JAX 0.8 puts a profiler `wrapper`
+# frame in between.
+_OWNER_DEPTH = 3
 
 
 def in_spec_of(obj: Any) -> Optional[Any]:
@@ -84,29 +90,31 @@ def in_spec_of(obj: Any) -> Optional[Any]:
     owns `obj` is a local `trace` of the frame tracing the body, whose caller holds
     `in_specs` (one per flattened argument, in the order of the trace's inputs).
     If JAX changes these frames, nothing is found and only the checks of
-    `check_manual` that need no `in_specs` run.
+    `check_manual` that need no `in_specs` run (tests/test_shard_map_specs.py
+    fails loudly on every supported release if that happens).
     """
     trace = getattr(obj, "_trace", None)
     if trace is None:
         return None
+    below: list = []  # the last few frames walked, innermost first
     frame = sys._getframe(1)
     for _ in range(256):  # the body's own Python frames lie in between
         if frame is None:
             return None
-        caller_name = _BODY_FRAMES.get(frame.f_code.co_name)
-        if caller_name is not None and frame.f_locals.get("trace") is trace:
-            caller = frame.f_back
-            if caller is None or caller.f_code.co_name != caller_name:
-                return None
-            return _pick(caller.f_locals.get("in_specs"), _arg_index(frame, obj))
+        if frame.f_code.co_name in _SPEC_FRAMES:
+            for owner in below:
+                if owner.f_locals.get("trace") is trace:
+                    return _pick(frame.f_locals.get("in_specs"), _arg_index(owner, obj))
+        below = [frame, *below[:_OWNER_DEPTH - 1]]
         frame = frame.f_back
     return None
 
 
 def _arg_index(frame: Any, obj: Any) -> Optional[int]:
-    if frame.f_code.co_name == "_run_shmap":
-        tracers = frame.f_locals.get("in_tracers") or ()
-        return next((i for i, t in enumerate(tracers) if t is obj), None)
+    tracers = frame.f_locals.get("in_tracers") or ()
+    index = next((i for i, t in enumerate(tracers) if t is obj), None)
+    if index is not None:
+        return index
     invars = getattr(getattr(obj._trace, "frame", None), "invars", None) or ()
     var = getattr(obj, "val", None)
     return next((i for i, v in enumerate(invars) if v is var), None)
