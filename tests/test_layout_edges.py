@@ -10,7 +10,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float
+from jaxtyping_shard import _compat, Float
 
 from .helpers import CHECK_ERRORS, make_identity, no_transfers, place
 
@@ -107,11 +107,23 @@ def test_gspmd_sharding_under_set_mesh(kind):
     with jax.set_mesh(mesh), no_transfers():
         assert isinstance(x, ROWS)
         assert make_identity("beartype", ROWS, ROWS)(x) is x
-    with pytest.warns(DeprecationWarning), mesh:
-        assert isinstance(x, ROWS)
+    if _compat.legacy_mesh_context_warns():
+        with pytest.warns(DeprecationWarning), mesh:
+            assert isinstance(x, ROWS)
+    else:
+        with mesh:
+            assert isinstance(x, ROWS)
 
 
 # -- item 19: annotations describe the layout, not the memory space
+
+
+def _memory_kind_out_of(fn, x):
+    """The memory kind of `fn(x)`, or the type of the error JAX raised."""
+    try:
+        return fn(x).sharding.memory_kind
+    except jax.errors.JaxRuntimeError as e:
+        return type(e)
 
 
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
@@ -125,8 +137,14 @@ def test_memory_kind_is_not_part_of_the_annotation(kind, request):
         assert not isinstance(x, COLS)
     good = jts.jit(make_identity("beartype", ROWS, ROWS))
     bad = jts.jit(make_identity("beartype", COLS, COLS))
+    # Through jit, the output's memory kind is whatever JAX's own jit gives: the
+    # check changes nothing. JAX 0.8 itself cannot jit an array in host memory on
+    # Explicit axes, and returns it in device memory on Auto axes.
+    plain = _memory_kind_out_of(jax.jit(lambda v: v), x)
     with no_transfers():
-        assert good(x).sharding.memory_kind == "pinned_host"
+        assert _memory_kind_out_of(good, x) == plain
+    if _compat.JAX_VERSION >= (0, 10):
+        assert plain == "pinned_host"
     error = CHECK_ERRORS if kind == "explicit" else jts.ShardingTypeCheckError
     with pytest.raises(error):
         bad(x)

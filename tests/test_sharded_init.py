@@ -275,7 +275,11 @@ def test_stacked_layers_declared_not_guessed():
     piped = jts.sharded_init(Stack, key, mesh=mesh, stacked={"blocks/**": ("data",)})
     assert _spec_is(piped.blocks.w, P("data", None, "model"))
     want = _reference(Stack, key)
-    np.testing.assert_array_equal(np.asarray(piped.blocks.w), np.asarray(want.blocks.w))
+    # The same random bits; JAX 0.12 fuses the bits-to-normal float math of a
+    # vmapped init differently per layout, so the last bit may differ there.
+    np.testing.assert_allclose(
+        np.asarray(piped.blocks.w), np.asarray(want.blocks.w), rtol=1e-6, atol=0
+    )
     with pytest.raises(jts.ShardingAnnotationError, match="matches no leaf"):
         jts.sharded_init(Stack, key, mesh=mesh, stacked={"layers/**": 1})
     with pytest.raises(jts.ShardingAnnotationError, match="at least one dim"):
