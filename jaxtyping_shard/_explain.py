@@ -14,7 +14,18 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _bridge, _logical, _mesh, _notation, _rules, _spec, _tree
+from . import (
+    _bridge,
+    _init_plan,
+    _logical,
+    _mesh,
+    _notation,
+    _paths,
+    _rules,
+    _spec,
+    _tree,
+)
+from ._errors import ShardingAnnotationError
 
 
 class Row(NamedTuple):
@@ -141,8 +152,16 @@ def _shape_from_sizes(dim_str: str, sizes: Optional[Mapping[str, int]]) -> Any:
 
 
 def _row(
-    path: str, annotation: Any, value: Any, mesh: Any, sizes: Any, where: str
+    path: str,
+    annotation: Any,
+    value: Any,
+    mesh: Any,
+    sizes: Any,
+    where: str,
+    lead: tuple = (),
+    key_path: tuple = (),
 ) -> Row:
+    """One row; `lead`: the spec entries of the leaf's declared stacked dims."""
     members = _bridge.sharded_members(annotation)
     member = members[0] if members else None
     layout = _bridge.layout_of(annotation, where)
@@ -154,20 +173,26 @@ def _row(
         fixed = None
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
-    if shape is None and member is not None:
-        shape = _shape_from_sizes(dims, sizes)
+    inner: Optional[tuple] = None  # the dims the annotation describes
+    if shape is not None:
+        shape = tuple(shape)
+        inner = _inner_shape(shape, lead, fixed, annotation, where, key_path)
+    elif member is not None:
+        inner = _shape_from_sizes(dims, sizes)
+        shape = None if lead else inner  # a stack's own sizes are not known
         if member.dtypes and len(member.dtypes) == 1:
             dtype = np.dtype(member.dtypes[0])
-    shape = None if shape is None else tuple(shape)
-    ndim = len(shape) if shape is not None else fixed
+    ndim = len(inner) if inner is not None else fixed
     if ndim is None:
         ndim = layout.min_rank
-    entries = _logical.resolve(layout, shape or ndim, mesh, where=where)
-    entries = entries + ((),) * (ndim - len(entries))
+    entries = _logical.resolve(layout, inner or ndim, mesh, where=where)
+    entries = tuple(_entry(e) for e in lead) + entries + ((),) * (ndim - len(entries))
+    _check_axes(entries, mesh, annotation, where)
     spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
     logical = None
     if isinstance(layout, _logical.LogicalLayout):
-        logical = layout.names(ndim)
+        logical = (None,) * len(lead) + tuple(layout.names(ndim))
+    dims = " ".join(["[stack]"] * len(lead) + [dims])
     shard = per_device = replicated = None
     if shape is not None and mesh is not None:
         mesh_sizes = _mesh.sizes(mesh)
@@ -184,6 +209,56 @@ def _row(
     return Row(path, dims, logical, spec, shape, dtype, shard, per_device, replicated)
 
 
+def _entry(value: Any) -> tuple:
+    """A `stacked=` spec entry (`None`, `'pipe'`, `('x', 'y')`) as a tuple of axes."""
+    return () if value is None else (value,) if isinstance(value, str) else value
+
+
+def _inner_shape(
+    shape: tuple,
+    lead: tuple,
+    fixed: Optional[int],
+    annotation: Any,
+    where: str,
+    key_path: tuple,
+) -> tuple:
+    """The dims after the declared stacked ones; their count must be the
+    annotation's (a stack that is not declared is an error, never guessed)."""
+    if len(lead) > len(shape):
+        raise ShardingAnnotationError(
+            f"{where}: rank {len(shape)}, fewer dims than its {len(lead)} stacked."
+        )
+    inner = shape[len(lead) :]
+    if fixed is None or len(inner) == fixed:
+        return inner
+    after = f" after its {len(lead)} stacked" if lead else ""
+    hint = ""
+    if len(inner) > fixed:
+        declared = {_paths.rule_path(key_path): len(shape) - fixed}
+        hint = (
+            " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
+            f"extra leading dims: `stacked={declared!r}`."
+        )
+    raise ShardingAnnotationError(
+        f"{where}: {_bridge.describe(annotation)} has {fixed} dims, but the array of "
+        f"shape {shape} has {len(inner)}{after}.{hint}"
+    )
+
+
+def _check_axes(entries: tuple, mesh: Any, annotation: Any, where: str) -> None:
+    if mesh is None:
+        return
+    names = set(mesh.axis_names)
+    for axis in (a for entry in entries for a in entry):
+        if axis not in names:
+            axes = ", ".join(repr(a) for a in mesh.axis_names)
+            raise ShardingAnnotationError(
+                f"{where}: {_bridge.describe(annotation)} names mesh axis {axis!r}, "
+                f"which the mesh {_mesh.format_mesh(mesh)} lacks (axes {axes}). Fix "
+                "the axis name, or pass the mesh you meant."
+            )
+
+
 def explain(
     annotation_or_tree: Any,
     mesh: Any = None,
@@ -191,6 +266,7 @@ def explain(
     annotations: Any = None,
     rules: Optional[Mapping[str, Any]] = None,
     sizes: Optional[Mapping[str, int]] = None,
+    stacked: Optional[Mapping[str, Any]] = None,
 ) -> Explanation:
     """A table of what annotations mean on a mesh, under the axis rules in force.
 
@@ -231,6 +307,13 @@ def explain(
     - `sizes`: for annotations without values, the size of each dim name
         (`{"embed": 4096, "mlp": 16384}`), so that shards and bytes can be
         computed.
+    - `stacked`: as for [`jaxtyping_shard.sharded_init`][]: `{pattern: n}`
+        declares that the leaves matching the path pattern (`"blocks/**"`) have
+        `n` extra leading dims before the ones their annotation describes
+        (layers stacked with `eqx.filter_vmap`), replicated; `{pattern:
+        ("pipe",)}` shards them. Their dims show as `[stack]`. A leaf with more
+        dims than its annotation and no declared stack is an error, never
+        guessed.
 
     **Returns:**
 
@@ -242,16 +325,26 @@ def explain(
     **Raises:**
 
     [`jaxtyping_shard.ShardingAnnotationError`][] as a check would: a logical
-    name with no rule, a conflict, a mesh axis the mesh lacks.
+    name with no rule, a conflict, a mesh axis the mesh lacks, an array whose
+    rank its annotation (after any declared stack) contradicts; a `stacked=`
+    pattern that matches no leaf.
     """
     if mesh is None:
         mesh = _mesh.context_mesh()
     rows = []
     if _bridge.has_sharding(annotation_or_tree) and annotations is None:
+        if stacked:
+            raise ShardingAnnotationError(
+                "explain: stacked= declares the stacked dims of a tree's leaves by "
+                "path; give the tree (e.g. the result of sharded_init), not one "
+                "annotation."
+            )
         where = _bridge.describe(annotation_or_tree)
         rows.append(_row("-", annotation_or_tree, None, mesh, sizes, where))
     else:
-        for leaf in _tree.walk(annotation_or_tree, annotations, rules):
+        leaves = _tree.walk(annotation_or_tree, annotations, rules)
+        leads = _init_plan.stacked_prefixes(tuple(x.path for x in leaves), stacked)
+        for leaf, lead in zip(leaves, leads):
             path = jax.tree_util.keystr(leaf.path) or "-"
             annotation, value = leaf.annotation, leaf.value
             if annotation is None and _bridge.has_sharding(value):
@@ -262,7 +355,9 @@ def explain(
                 rows.append(_unannotated(path, value))
                 continue
             where = f"tree{path}" if path != "-" else "tree"
-            rows.append(_row(path, annotation, value, mesh, sizes, where))
+            rows.append(
+                _row(path, annotation, value, mesh, sizes, where, lead, leaf.path)
+            )
     return Explanation(rows, mesh, _rules.current())
 
 

@@ -2,10 +2,11 @@
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
@@ -144,3 +145,77 @@ def test_resolution_errors_name_the_leaf(mesh):
     with jts.axis_rules({"embed": "data", "mlp": None}):
         with pytest.raises(jts.ShardingAnnotationError, match=r"no such axis"):
             jts.explain(ANNOTATIONS["w_in"], mesh)
+
+
+class Block(eqx.Module):
+    w: Float[Array, "embed mlp", P(None, "tensor")]
+    b: Float[Array, "mlp", jts.Logical]  # noqa: F821
+
+
+class Stack(eqx.Module):
+    blocks: Block
+
+    def __init__(self, key):
+        make = lambda k: Block(jax.random.normal(k, (8, 4)), jnp.zeros(4))
+        self.blocks = eqx.filter_vmap(make)(jax.random.split(key, 4))
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("lead", [1, ("fsdp",)])
+def test_stacked_shows_the_result_of_a_stacked_init(kind, lead):
+    mesh = make_mesh((4, 2), ("fsdp", "tensor"), kind)
+    stacked = {"blocks/**": lead}
+    with jts.axis_rules({"mlp": "tensor"}):
+        stack = jts.sharded_init(Stack, jax.random.key(0), mesh=mesh, stacked=stacked)
+        report = jts.explain(stack, mesh, stacked=stacked)
+    first = None if lead == 1 else "fsdp"
+    want = {".blocks.w": P(first, None, "tensor"), ".blocks.b": P(first, "tensor")}
+    assert {r.path: r.spec for r in report.rows} == want
+    for row, leaf in zip(report.rows, (stack.blocks.w, stack.blocks.b)):
+        # The table says what each device really holds.
+        assert leaf.sharding.is_equivalent_to(NamedSharding(mesh, row.spec), leaf.ndim)
+        assert row.shard_shape == leaf.addressable_shards[0].data.shape
+        assert row.bytes_per_device == leaf.addressable_shards[0].data.nbytes
+    assert report.rows[1].logical == (None, "mlp")
+    assert report.rows[0].dims == "[stack] embed mlp"
+    assert "[stack] embed mlp" in str(report)
+
+
+def test_a_stack_is_declared_not_guessed(mesh):
+    with jts.axis_rules({"mlp": "tensor"}):
+        stack = jts.sharded_init(
+            Stack, jax.random.key(0), mesh=mesh, stacked={"blocks/**": 1}
+        )
+        # Undeclared, the extra dim would shift every spec entry: an error.
+        with pytest.raises(jts.ShardingAnnotationError) as info:
+            jts.explain(stack, mesh)
+        assert "tree.blocks.w: " in str(info.value)
+        assert "has 2 dims, but the array of shape (4, 8, 4) has 3" in str(info.value)
+        assert "stacked={'blocks/w': 1}" in str(info.value)
+        with pytest.raises(jts.ShardingAnnotationError, match="matches no leaf"):
+            jts.explain(stack, mesh, stacked={"layers/**": 1})
+        with pytest.raises(jts.ShardingAnnotationError, match="has 0 after its 3 st"):
+            jts.explain(stack, mesh, stacked={"blocks/**": 3})
+        with pytest.raises(jts.ShardingAnnotationError, match="rank 3, fewer dims"):
+            jts.explain(stack, mesh, stacked={"blocks/**": 4})
+        with pytest.raises(jts.ShardingAnnotationError, match="at least one dim"):
+            jts.explain(stack, mesh, stacked={"blocks/**": 0})
+        with pytest.raises(jts.ShardingAnnotationError, match="'pipe'.*lacks"):
+            jts.explain(stack, mesh, stacked={"blocks/**": ("pipe",)})
+        with pytest.raises(jts.ShardingAnnotationError, match="give the tree"):
+            jts.explain(Block.__annotations__["w"], mesh, stacked={"w": 1})
+
+
+def test_stacked_annotations_without_values(mesh):
+    tree = {"w": Float32[Array, "embed mlp", P(None, "tensor")]}
+    (row,) = jts.explain(
+        tree, mesh, sizes={"embed": 8, "mlp": 4}, stacked={"w": ("fsdp",)}
+    ).rows
+    assert row.spec == P("fsdp", None, "tensor")
+    assert row.shape is None and row.shard_shape is None  # the stack's size unknown
+
+
+def test_a_missing_mesh_axis_is_an_annotation_error(mesh):
+    tree = {"a": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+    with pytest.raises(jts.ShardingAnnotationError, match=r"tree\['a'\].*'data'"):
+        jts.explain(tree, mesh, annotations={"a": P("data")})
