@@ -101,7 +101,8 @@ def run_workers(
     in all; once one process fails, the others get 2 s to report, then every
     process still running is killed (its whole group), whatever happens.
 
-    **Arguments:** `worker`: the script's path; `args`: extra command-line
+    **Arguments:** `worker`: the script's path (relative to the current
+    directory, or absolute); `args`: extra command-line
     arguments, the same for every process; `log_dir`: where the output goes
     (`workerN.log`; a temporary directory, deleted afterwards, by default). It is
     also the workers' working directory.
@@ -116,10 +117,11 @@ def run_workers(
         address = f"127.0.0.1:{free_port()}"
         env = worker_env(devices)
         paths = [directory / f"worker{i}.log" for i in range(processes)]
+        script = str(Path(worker).resolve())  # the workers run in `directory`
         started: list[subprocess.Popen] = []
         try:
             for i, path in enumerate(paths):
-                command = [sys.executable, "-W", "error", str(worker), address]
+                command = [sys.executable, "-W", "error", script, address]
                 command += [str(i), str(processes), *map(str, args)]
                 with open(path, "wb") as out:
                     started.append(

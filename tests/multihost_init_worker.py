@@ -3,10 +3,11 @@
 Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4 forced
 CPU devices (gloo collectives on loopback, `join_job`) and builds, with
 `jts.sharded_init`, a `@jaxtyped` Equinox model whose parameters span both
-processes, on an Explicit and on an Auto mesh. Asserts that each process holds
-only its own shards, with the right values, and that the result passes its
-checks here. Prints `WORKER <id> OK <number of checks>` last and exits 0 if all
-held. Not collected by pytest: it needs its own process.
+processes, on an Explicit, an Auto and a mixed mesh. Asserts that each process
+holds only its own shards (no device a whole parameter), with the right values,
+that the result passes `jts.check_tree` here and a deliberately different
+annotation fails here, naming the leaf. Prints `WORKER <id> OK <number of
+checks>` last and exits 0 if all held. Not collected by pytest.
 """
 
 import sys
@@ -46,12 +47,19 @@ def main() -> int:
     with jts.set_mode("off"):  # the whole model, on this process's first device
         want = jax.tree.map(np.asarray, make(key))
 
-    for kind in (AxisType.Explicit, AxisType.Auto):
-        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    kinds = {
+        "Explicit": (AxisType.Explicit,) * 2,
+        "Auto": (AxisType.Auto,) * 2,
+        "mixed": (AxisType.Explicit, AxisType.Auto),
+    }
+    for kind, axis_types in kinds.items():
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=axis_types)
         model = jts.sharded_init(make, key, mesh=mesh)
-        for name, leaf, spec, shard_shape in (
-            ("weight", model.weight, P("data", "model"), (16, 16)),
-            ("bias", model.bias, P("model"), (16,)),
+        # `parts`: into how many parts the processes split the parameter (the
+        # bias is replicated over `data`, which spans the processes).
+        for name, leaf, spec, shard_shape, parts in (
+            ("weight", model.weight, P("data", "model"), (16, 16), 2),
+            ("bias", model.bias, P("model"), (16,), 1),
         ):
             verdict(not leaf.is_fully_addressable, f"{kind} {name} spans processes")
             verdict(
@@ -64,29 +72,48 @@ def main() -> int:
             for shard in shards:
                 verdict(shard.device.id in local, f"{kind} {name} shard device")
                 verdict(
-                    shard.data.shape == shard_shape,
-                    f"{kind} {name} shard shape {shard.data.shape}",
+                    shard.data.shape == shard_shape and shard.data.size < leaf.size,
+                    f"{kind} {name} shard shape {shard.data.shape}: not a whole one",
                 )
                 expected = getattr(want, name)[shard.index]
                 verdict(
                     np.array_equal(np.asarray(shard.data), expected),
                     f"{kind} {name} shard {shard.index} values",
                 )
-        # The result passes its checks in this process (metadata only).
+            # This process holds only its own part: the distinct blocks on its
+            # devices cover half of the weight, the other process the rest.
+            held = np.zeros(leaf.shape, bool)
+            for shard in shards:
+                held[shard.index] = True
+            verdict(held.sum() * parts == leaf.size, f"{kind} {name}: {held.sum()}")
+        # The result passes `check_tree` in this process (metadata only), and
+        # a deliberately different annotation fails here, naming the leaf.
         with jax.transfer_guard("disallow"):
-            for leaf, annotation in (
-                (model.weight, Float[Array, "e m", P("data", "model")]),
-                (model.bias, Float[Array, "m", P("model")]),  # noqa: F821
-            ):
-                verdict(isinstance(leaf, annotation), f"{kind} check of the result")
-            verdict(
-                not isinstance(model.weight, Float[Array, "e m", P("model", "data")]),
-                f"{kind} a wrong annotation fails",
+            verdict(jts.check_tree(model, name="model") is model, f"{kind} check")
+            wrong = {"weight": P("model", "data"), "bias": P("model")}
+            text = verdict.raises(
+                jts.ShardingTypeCheckError,
+                jts.check_tree,
+                model,
+                wrong,
+                what=f"{kind} check_tree against another annotation",
             )
+            for fragment in (
+                "check_tree(tree): 1 of 2",
+                "tree.weight: this array is sharded as `float32[64@data,32@model]`",
+                "P('model', 'data')",
+            ):
+                verdict(fragment in text, f"{kind}: {fragment!r} not in {text}")
         tree = jts.abstract(make, key, mesh=mesh)
         verdict(
             tree.weight.sharding.is_equivalent_to(model.weight.sharding, 2),
             f"{kind} abstract sharding",
+        )
+        rows = {row.path: row for row in jts.explain(model, mesh).rows}
+        verdict(
+            rows[".weight"].shard_shape == (16, 16)
+            and rows[".bias"].shard_shape == (16,),
+            f"{kind} explain {rows}",
         )
 
     return verdict.done()

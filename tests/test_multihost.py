@@ -53,17 +53,19 @@ def test_two_process_job(tmp_path):
     assert_workers_ok(logs, min_checks=70)
 
 
-def test_run_workers_stops_the_job_when_one_process_fails(tmp_path):
+def test_run_workers_stops_the_job_when_one_process_fails(tmp_path, monkeypatch):
     # Process 0 fails at once; process 1 would hang: it is killed, not awaited.
-    script = tmp_path / "worker.py"
-    script.write_text(
+    monkeypatch.chdir(tmp_path)
+    script = "worker.py"  # relative to the current directory, not to log_dir
+    (tmp_path / "logs").mkdir()
+    (tmp_path / script).write_text(
         "import sys, time\n"
         "print('args', sys.argv[1:], flush=True)\n"
         "if sys.argv[2] == '0':\n"
         "    sys.exit(3)\n"
         "time.sleep(600)\n"
     )
-    logs = run_workers(script, ["extra"], processes=2, timeout_s=60, log_dir=tmp_path)
+    logs = run_workers(script, ["extra"], timeout_s=60, log_dir=tmp_path / "logs")
     assert [log.returncode for log in logs] == [3, None]
     for i, log in enumerate(logs):
         assert f"'{i}', '2', 'extra']" in log.output
