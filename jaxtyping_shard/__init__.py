@@ -26,6 +26,7 @@ from ._place import (
     place as place,
     place_for as place_for,
 )
+from ._reshard import out_sharding as out_sharding, reshard as reshard
 from ._rules import (
     axis_rules as axis_rules,
     get_axis_rules as get_axis_rules,

@@ -1,0 +1,189 @@
+"""The model: a decoder-only transformer in Equinox, every array annotated.
+
+Dims carry *logical* names (`jts.Logical`); the rules table in `layout.py` maps
+them to mesh axes, so the same annotations give data parallelism, FSDP or
+FSDP + tensor parallelism. Three kinds of annotation appear here:
+
+- the parameters as stored (`Embedding`, `QKV`, ...): sharded by FSDP over
+  `embed`, split for tensor parallelism over `vocab`, `heads` and `mlp`;
+- the parameters as a matmul uses them (`Used...`): gathered over FSDP (names
+  `act_*`), still split for tensor parallelism;
+- the activations (`Hidden`, `Heads`, ...), checked at every function boundary.
+
+The only places a layout is *changed* are the `jts.reshard` calls (the FSDP
+gathers, the result of a row-parallel matmul), each naming an annotation.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float, Int
+
+
+L = jts.Logical
+checked = jts.jaxtyped(typechecker=beartype)
+
+# Parameters, as stored.
+Embedding = Float[Array, "vocab embed", L]
+QKV = Float[Array, "embed heads hd", L("embed", "heads", None)]
+Out = Float[Array, "heads hd embed", L("heads", None, "embed")]
+MlpIn = Float[Array, "embed mlp", L]
+MlpOut = Float[Array, "mlp embed", L]
+Scale = Float[Array, "embed", L("norm")]
+Unembedding = Float[Array, "embed vocab", L]
+# Parameters, as the matmuls use them: gathered over FSDP, split for TP.
+UsedTable = Float[Array, "vocab embed", L(None, "act_embed")]
+UsedQKV = Float[Array, "embed heads hd", L("act_embed", "act_heads", None)]
+UsedOut = Float[Array, "heads hd embed", L("act_heads", None, "act_embed")]
+UsedIn = Float[Array, "embed mlp", L("act_embed", "act_mlp")]
+UsedMlpOut = Float[Array, "mlp embed", L("act_mlp", "act_embed")]
+UsedUnembedding = Float[Array, "embed vocab", L("act_embed", "act_vocab")]
+# Activations.
+Tokens = Int[Array, "batch seq", L]
+Hidden = Float[Array, "batch seq embed", L("batch", "seq", "act_embed")]
+Heads = Float[Array, "batch seq heads hd", L("batch", "seq", "act_heads", None)]
+MlpHidden = Float[Array, "batch seq mlp", L("batch", "seq", "act_mlp")]
+Logits = Float[Array, "batch seq vocab", L("batch", "seq", "act_vocab")]
+Scalar = Float[Array, "", L]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    vocab: int = 64
+    embed: int = 32
+    heads: int = 4
+    head_dim: int = 8
+    mlp: int = 64
+    layers: int = 2
+    seq: int = 16
+    batch: int = 8
+
+
+def _normal(key, shape, fan_in):
+    return jax.random.normal(key, shape) * fan_in**-0.5
+
+
+def einsum(subscripts: str, x, w, *, out):
+    """A matmul whose result is laid out as the annotation `out` says."""
+    y = jnp.einsum(subscripts, x, w, out_sharding=jts.out_sharding(out))
+    return jts.reshard(y, out)
+
+
+@checked
+def layer_norm(x: Hidden, scale: Scale) -> Hidden:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale
+
+
+@checked
+def attend(q: Heads, k: Heads, v: Heads) -> Heads:
+    """Causal attention of each head (heads split for tensor parallelism)."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+class Attention(eqx.Module):
+    wq: QKV
+    wk: QKV
+    wv: QKV
+    wo: Out
+
+    def __init__(self, key, config: Config):
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        shape = (config.embed, config.heads, config.head_dim)
+        self.wq = _normal(kq, shape, config.embed)
+        self.wk = _normal(kk, shape, config.embed)
+        self.wv = _normal(kv, shape, config.embed)
+        out = (config.heads, config.head_dim, config.embed)
+        self.wo = _normal(ko, out, config.heads * config.head_dim)
+
+    @checked
+    def __call__(self, x: Hidden) -> Hidden:
+        q = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wq, UsedQKV))
+        k = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wk, UsedQKV))
+        v = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wv, UsedQKV))
+        heads = attend(q, k, v)
+        return einsum("bshd,hde->bse", heads, jts.reshard(self.wo, UsedOut), out=Hidden)
+
+
+class Mlp(eqx.Module):
+    w_in: MlpIn
+    w_out: MlpOut
+
+    def __init__(self, key, config: Config):
+        k_in, k_out = jax.random.split(key)
+        self.w_in = _normal(k_in, (config.embed, config.mlp), config.embed)
+        self.w_out = _normal(k_out, (config.mlp, config.embed), config.mlp)
+
+    @checked
+    def __call__(self, x: Hidden) -> Hidden:
+        h = jax.nn.gelu(up(x, jts.reshard(self.w_in, UsedIn)))
+        return einsum("bsm,me->bse", h, jts.reshard(self.w_out, UsedMlpOut), out=Hidden)
+
+
+@checked
+def up(x: Hidden, w_in: UsedIn) -> MlpHidden:
+    """The column-parallel matmul: its result stays split over `mlp`."""
+    return jnp.einsum("bse,em->bsm", x, w_in)
+
+
+class Block(eqx.Module):
+    ln1: Scale
+    attn: Attention
+    ln2: Scale
+    mlp: Mlp
+
+    def __init__(self, key, config: Config):
+        k_attn, k_mlp = jax.random.split(key)
+        self.ln1 = jnp.ones(config.embed)
+        self.attn = Attention(k_attn, config)
+        self.ln2 = jnp.ones(config.embed)
+        self.mlp = Mlp(k_mlp, config)
+
+    @checked
+    def __call__(self, x: Hidden) -> Hidden:
+        x = x + self.attn(layer_norm(x, self.ln1))
+        return x + self.mlp(layer_norm(x, self.ln2))
+
+
+class Transformer(eqx.Module):
+    embed: Embedding
+    blocks: list[Block]
+    ln_f: Scale
+    unembed: Unembedding
+
+    def __init__(self, key, config: Config):
+        k_embed, k_blocks, k_un = jax.random.split(key, 3)
+        self.embed = jax.random.normal(k_embed, (config.vocab, config.embed))
+        keys = jax.random.split(k_blocks, config.layers)
+        self.blocks = [Block(k, config) for k in keys]
+        self.ln_f = jnp.ones(config.embed)
+        self.unembed = _normal(k_un, (config.embed, config.vocab), config.embed)
+
+    @checked
+    def __call__(self, tokens: Tokens) -> Logits:
+        table = jts.reshard(self.embed, UsedTable)
+        x = jts.reshard(
+            table.at[tokens].get(out_sharding=jts.out_sharding(Hidden)), Hidden
+        )
+        for block in self.blocks:
+            x = block(x)
+        x = layer_norm(x, self.ln_f)
+        return jnp.einsum("bse,ev->bsv", x, jts.reshard(self.unembed, UsedUnembedding))
+
+
+@checked
+def cross_entropy(logits: Logits, labels: Tokens) -> Scalar:
+    """The mean next-token loss; the vocabulary may be split over devices."""
+    targets = jts.reshard(jax.nn.one_hot(labels, logits.shape[-1]), Logits)
+    picked = (logits * targets).sum(-1)
+    return (jax.nn.logsumexp(logits, axis=-1) - picked).mean()
