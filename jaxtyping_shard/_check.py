@@ -277,6 +277,9 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
                 f"{cls._jts.text} as expected by the type hint (mesh "
                 f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
             )
+    constrained = _constrained(cls, obj, aval, mesh, sizes, auto) if auto else ""
+    if constrained:
+        return constrained
     if schedule and any(sizes[a] > 1 for a in auto):
         # In a Union, any member whose shape fits may be the one XLA's layout
         # matches (beartype and typeguard stop at the first that passes).
@@ -286,3 +289,31 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
         members = tuple(m for m in members if not _missing_axes(m, mesh))
         _compile_check.schedule(cls, obj, aval, mesh, current_mode(), members)
     return ""
+
+
+def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) -> str:
+    """The verdict, at trace time, on a value `jts.reshard` constrained (Auto axes).
+
+    XLA must lay such a value out as constrained, so its check need not wait for
+    the compile, and the culprit is reported where the constraint is, before the
+    values XLA would propagate the layout to.
+    """
+    from ._reshard import constrained_spec
+
+    spec = constrained_spec(obj)
+    if spec is None:
+        return ""
+    ndim = len(aval.shape)
+    got = _spec.entries_of(spec)
+    want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, auto)
+    if want == _spec.normalise(got, ndim, sizes, auto) or _empty_fits(cls, aval.shape):
+        return ""
+    members = _union.other_members(cls, obj)
+    if members or members.unconditional:
+        return ""  # another member of a Union may accept it: left to the compile
+    shown = _spec.format_array(aval.dtype, aval.shape, got)
+    return (
+        f"{_noun(obj)} is laid out as `{shown}` by `jts.reshard` (a constraint XLA "
+        f"keeps), not {cls._jts.text} as expected by the type hint (mesh "
+        f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
+    )

@@ -9,13 +9,15 @@ it once, from an annotation resolved by the one path of `_bridge` (logical names
 through the rules in force).
 """
 
+import threading
+import weakref
 from typing import Any, Optional
 
 import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from . import _bridge, _mesh, _tree
+from . import _bridge, _hints, _mesh, _tree
 from ._errors import ShardingAnnotationError
 
 
@@ -34,7 +36,10 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     | a concrete array | `jax.device_put` |
 
     It moves data on purpose, so it is no check: a wrong value is moved, not
-    reported. Check values where they are consumed (annotated parameters).
+    reported. Check values where they are consumed (annotated parameters). On
+    `Auto` axes a check of a value `reshard` returned is decided at trace time,
+    as on `Explicit` axes (XLA keeps the constraint): the error names that value,
+    before the values XLA would propagate its layout to.
 
     Its gradient is laid out as its input was: on `Explicit` axes JAX reshards
     the cotangent back; on `Auto` axes it is constrained to the same layout as
@@ -74,7 +79,7 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     """
     if annotation is not None and (
         isinstance(annotation, (PartitionSpec, NamedSharding))
-        or _tree.leaf_annotation(annotation) is not None
+        or _hints.leaf_annotation(annotation) is not None
     ):
         return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
     leaves, plan = _tree.plan_for(x, annotation)
@@ -151,7 +156,41 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
         x = jax.sharding.reshard(x, _only(spec, explicit))
     if auto:
         x = jax.lax.with_sharding_constraint(x, _only(spec, auto) if explicit else spec)
+        _remember(x, spec)
     return x
+
+
+# The Auto-axes layout each `reshard` output is constrained to, by tracer: XLA
+# must honour a constraint, so a check of that very value is decided at trace
+# time (see `_check`). Without this, XLA propagates the constrained layout
+# backwards too, and the compile-time report lists values upstream of the
+# constraint (its victims) before the constrained value (the culprit).
+_constrained: dict = {}
+_lock = threading.Lock()
+
+
+def _remember(x: Any, spec: PartitionSpec) -> None:
+    key = id(x)
+
+    def forget(_: Any) -> None:
+        with _lock:
+            if _constrained.get(key, (None,))[0] is ref:
+                del _constrained[key]
+
+    try:
+        ref = weakref.ref(x, forget)
+    except TypeError:  # pragma: no cover - a tracer type without weak references
+        return
+    with _lock:
+        _constrained[key] = (ref, spec)
+
+
+def constrained_spec(x: Any) -> Optional[PartitionSpec]:
+    """The spec `x` was constrained to by `reshard` on Auto axes, else `None`."""
+    entry = _constrained.get(id(x))
+    if entry is None or entry[0]() is not x:
+        return None
+    return entry[1]
 
 
 def _value_mesh(x: Any) -> Any:

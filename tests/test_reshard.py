@@ -171,3 +171,35 @@ def test_errors(mesh_explicit):
 def test_helper_meshes_match_plugin():
     # The fixtures' meshes are the plugin's (first 8 devices, row-major).
     assert make_mesh((4, 2), ("data", "model")).devices.shape == (4, 2)
+
+
+def test_auto_constrained_value_checked_at_trace_time(mesh_auto):
+    # On Auto axes a value `jts.reshard` constrained is decided when traced: XLA
+    # keeps the constraint, and would propagate it backwards to values traced
+    # earlier, which the compile-time report would list first.
+    from beartype import beartype
+
+    Row = Float[Array, "b e", P("data", None)]
+
+    @jts.jaxtyped(typechecker=beartype)
+    def consume(x: Row) -> Row:
+        return x
+
+    def good(x):
+        return consume(jts.reshard(x * 2, Row))
+
+    def bad(x):
+        return consume(jts.reshard(x * 2, P("data", "model")))
+
+    with jax.set_mesh(mesh_auto):
+        x = jts.reshard(jnp.ones((8, 4)), Row)
+        jax.jit(good).trace(x)  # nothing raised
+        with pytest.raises(jts.ShardingTypeCheckError) as caught:
+            jax.jit(bad).trace(x)  # traced only: nothing compiled
+    text = str(caught.value)
+    assert text.startswith("argument `x` of `") and ".consume`" in text
+    assert "laid out as `float32[8@data,4@model]` by `jts.reshard`" in text
+    assert "checked at trace time" in text
+    # Off: nothing is checked, at trace time or later.
+    with jax.set_mesh(mesh_auto), jts.set_mode("off"):
+        jax.jit(bad)(x)

@@ -108,11 +108,22 @@ class Attention(eqx.Module):
 
     @checked
     def __call__(self, x: Hidden) -> Hidden:
-        q = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wq, UsedQKV))
-        k = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wk, UsedQKV))
-        v = jnp.einsum("bse,ehd->bshd", x, jts.reshard(self.wv, UsedQKV))
-        heads = attend(q, k, v)
-        return einsum("bshd,hde->bse", heads, jts.reshard(self.wo, UsedOut), out=Hidden)
+        q = project(x, jts.reshard(self.wq, UsedQKV))
+        k = project(x, jts.reshard(self.wk, UsedQKV))
+        v = project(x, jts.reshard(self.wv, UsedQKV))
+        return mix(attend(q, k, v), jts.reshard(self.wo, UsedOut))
+
+
+@checked
+def project(x: Hidden, w: UsedQKV) -> Heads:
+    """A column-parallel matmul: each device computes its own heads."""
+    return jnp.einsum("bse,ehd->bshd", x, w)
+
+
+@checked
+def mix(heads: Heads, wo: UsedOut) -> Hidden:
+    """The row-parallel matmul: partial sums over the heads, summed over `model`."""
+    return einsum("bshd,hde->bse", heads, wo, out=Hidden)
 
 
 class Mlp(eqx.Module):
@@ -127,13 +138,19 @@ class Mlp(eqx.Module):
     @checked
     def __call__(self, x: Hidden) -> Hidden:
         h = jax.nn.gelu(up(x, jts.reshard(self.w_in, UsedIn)))
-        return einsum("bsm,me->bse", h, jts.reshard(self.w_out, UsedMlpOut), out=Hidden)
+        return down(h, jts.reshard(self.w_out, UsedMlpOut))
 
 
 @checked
 def up(x: Hidden, w_in: UsedIn) -> MlpHidden:
     """The column-parallel matmul: its result stays split over `mlp`."""
     return jnp.einsum("bse,em->bsm", x, w_in)
+
+
+@checked
+def down(h: MlpHidden, w_out: UsedMlpOut) -> Hidden:
+    """The row-parallel matmul: partial sums over `mlp`, summed over `model`."""
+    return einsum("bsm,me->bse", h, w_out, out=Hidden)
 
 
 class Block(eqx.Module):
@@ -178,7 +195,9 @@ class Transformer(eqx.Module):
         for block in self.blocks:
             x = block(x)
         x = layer_norm(x, self.ln_f)
-        return jnp.einsum("bse,ev->bsv", x, jts.reshard(self.unembed, UsedUnembedding))
+        # Column-parallel: the logits stay split over the vocabulary.
+        unembed = jts.reshard(self.unembed, UsedUnembedding)
+        return jnp.einsum("bse,ev->bsv", x, unembed)
 
 
 @checked

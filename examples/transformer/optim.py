@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from jaxtyping_shard import Int
+import jaxtyping_shard as jts
 
 from .model import Transformer
 
@@ -19,7 +19,7 @@ LEARNING_RATE, B1, B2, EPS, WEIGHT_DECAY = 1e-2, 0.9, 0.99, 1e-8, 1e-4
 
 
 class AdamState(eqx.Module):
-    count: Int[Array, ""]
+    count: jts.Int[Array, ""]
     mu: Transformer  # each moment annotated as its parameter
     nu: Transformer
 

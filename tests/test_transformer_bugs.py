@@ -1,0 +1,193 @@
+"""Planted mis-shardings in the transformer example, each a one-line mutation.
+
+Each case replaces one line of the example's source (checked: exactly one line
+differs), imports the mutated copy as a package of its own, and trains it for
+one step on the 4x2 mesh under the FSDP + TP rules table. The mutation must be
+caught by jaxtyping_shard, and the error's first named place must be the
+culprit (the leaf path or the function argument where the wrong layout is
+made), not a value downstream. The unmutated program raises nothing on the same
+meshes (also in `test_transformer.py`, trained to the end).
+"""
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+import jaxtyping_shard as jts
+
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "transformer"
+KINDS = ("explicit", "auto")
+
+
+class Bug(NamedTuple):
+    file: str
+    old: str
+    new: str
+    culprit: str  # what the error must name first
+    kinds: tuple = KINDS  # the mesh kinds on which it is a mis-sharding
+
+
+BUGS = {
+    # A weight on the wrong axis: the MLP's output weight gathered with the input
+    # weight's annotation (its `embed` dim split over `model`, `mlp` whole).
+    "weight_on_wrong_axis": Bug(
+        "model.py",
+        "jts.reshard(self.w_out, UsedMlpOut)",
+        "jts.reshard(self.w_out, UsedIn)",
+        "argument `w_out` of `down`",
+    ),
+    # The batch replicated on every device instead of split over `data`.
+    "batch_replicated": Bug(
+        "train.py",
+        'return jts.place_for(train_step, "batch", local, mesh)',
+        "return jts.place(local, jax.sharding.PartitionSpec(), mesh)",
+        "`batch.tokens` is `int32[8,16]`",
+    ),
+    # After the MLP's row-parallel matmul the activation is left split over
+    # `model` (a reduce-scatter where an all-reduce was meant).
+    "activation_left_on_model": Bug(
+        "model.py",
+        'return einsum("bsm,me->bse", h, w_out, out=Hidden)',
+        'return einsum("bsm,me->bse", h, w_out, out=MlpHidden)',
+        "the return value of `down`",
+    ),
+    # The same after the attention's row-parallel matmul.
+    "attention_output_left_on_model": Bug(
+        "model.py",
+        'return einsum("bshd,hde->bse", heads, wo, out=Hidden)',
+        'return einsum("bshd,hde->bse", heads, wo, out=MlpHidden)',
+        "the return value of `mix`",
+    ),
+    # Gradients left gathered, as the matmuls used the weights. On Explicit
+    # meshes JAX reshards a cotangent back to its input's layout, so the line is
+    # not needed there and removing it is no mis-sharding.
+    "gathered_gradient": Bug(
+        "train.py",
+        "params = jts.reshard(params)",
+        "pass",
+        "`grads.embed` of `check_tree`",
+        kinds=("auto",),
+    ),
+    # Logits replicated (gathered over the vocabulary) before the loss.
+    "replicated_logits": Bug(
+        "train.py",
+        "return cross_entropy(params(batch.tokens), batch.labels)",
+        "return cross_entropy(jts.reshard(params(batch.tokens), "
+        "jax.sharding.PartitionSpec()), batch.labels)",
+        "argument `logits` of `cross_entropy`",
+    ),
+    # A layernorm scale sharded (FSDP over `embed`) where it should be replicated.
+    "sharded_layernorm_scale": Bug(
+        "model.py",
+        "ln1: Scale",
+        'ln1: Float[Array, "embed", L]',
+        "argument `scale` of `layer_norm`",
+    ),
+    # Tensor parallelism forgotten inside a function: the query weight gathered
+    # whole, so every device computes every head.
+    "tp_forgotten": Bug(
+        "model.py",
+        "q = project(x, jts.reshard(self.wq, UsedQKV))",
+        'q = project(x, jts.reshard(self.wq, Float[Array, "e h d", L(None, None, None)]))',  # noqa: E501
+        "argument `w` of `project`",
+    ),
+    # An update that replicates the weights.
+    "update_replicates_weights": Bug(
+        "optim.py",
+        "return p - LEARNING_RATE * (adam + WEIGHT_DECAY * p)",
+        "return jts.reshard(p - LEARNING_RATE * (adam + WEIGHT_DECAY * p), "
+        "jax.sharding.PartitionSpec())",
+        "return[0].blocks[0].attn.wq",
+    ),
+    # The optimiser state created without its annotations: replicated.
+    "unsharded_optimizer_state": Bug(
+        "train.py",
+        "opt = jts.sharded_init(adamw_init, shapes, mesh=mesh)",
+        "opt = adamw_init(shapes)",
+        "`opt.mu.embed` is `float32[64,32]`",
+    ),
+    # Labels split over the sequence instead of the batch.
+    "labels_over_sequence": Bug(
+        "train.py",
+        "labels: Tokens",
+        'labels: jts.Int[jax.Array, "batch seq", jts.Logical("seq", "batch")]',
+        "argument `labels` of `cross_entropy`",
+    ),
+    # The rules table puts `mlp` on `data`, which `embed` already uses.
+    "rule_on_a_taken_axis": Bug(
+        "layout.py",
+        '"mlp": "model",',
+        '"mlp": "data",',
+        "output.blocks[0].mlp.w_in",
+    ),
+}
+
+
+def mutate(name: str, bug: Bug, root: Path) -> str:
+    """A copy of the example as package `bug_<name>` under `root`, one line changed."""
+    package = f"bug_{name}"
+    target = root / package
+    shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    if bug.file:
+        path = target / bug.file
+        before = path.read_text()
+        assert before.count(bug.old) == 1, (bug.file, bug.old)
+        after = before.replace(bug.old, bug.new)
+        changed = [
+            (a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b
+        ]
+        assert len(changed) == 1 and len(before.splitlines()) == len(after.splitlines())
+        path.write_text(after)
+    return package
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mutants")
+    sys.path.insert(0, str(path))
+    yield path
+    sys.path.remove(str(path))
+
+
+def train_one_step(package: str, kind: str) -> list[float]:
+    train = importlib.import_module(f"{package}.train")
+    config = importlib.import_module(f"{package}.model").Config(layers=1)
+    return train.train("fsdp_tp", kind, steps=1, config=config)
+
+
+CAUGHT = (jts.ShardingTypeCheckError, jts.ShardingAnnotationError)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unmutated_program_raises_nothing(root, kind):
+    package = mutate(f"none_{kind}", Bug("", "", "", ""), root)
+    (loss,) = train_one_step(package, kind)
+    assert loss > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", list(BUGS))
+def test_planted_bug_is_caught_at_the_culprit(root, name, kind):
+    bug = BUGS[name]
+    package = mutate(f"{name}_{kind}", bug, root)
+    if kind not in bug.kinds:
+        # Not a mis-sharding on this kind of mesh: no false alarm either.
+        (loss,) = train_one_step(package, kind)
+        assert loss > 0
+        return
+    with pytest.raises(CAUGHT) as caught:
+        train_one_step(package, kind)
+    text = str(caught.value)
+    assert bug.culprit in text, text
+    second = text.find("\n  2. ")  # several mismatches of one compile: culprit first
+    assert second == -1 or text.index(bug.culprit) < second, text
+
+
+def test_at_least_ten_bugs_per_mesh_kind():
+    for kind in KINDS:
+        assert sum(kind in bug.kinds for bug in BUGS.values()) >= 10
