@@ -201,8 +201,7 @@ def test_unannotated_leaves_replicated_or_refused_when_strict():
         jts.sharded_init(init, mesh=mesh, annotations=ann, strict=True)
 
 
-def test_every_bad_leaf_reported_before_compiling(monkeypatch):
-    mesh = MESHES["explicit"]()
+def test_every_bad_leaf_reported_before_compiling(monkeypatch, mesh):
     traces = []
 
     def init():
@@ -263,8 +262,7 @@ class Stack(eqx.Module):
         self.blocks = eqx.filter_vmap(Block)(jax.random.split(key, 4))
 
 
-def test_stacked_layers_declared_not_guessed():
-    mesh = MESHES["explicit"]()
+def test_stacked_layers_declared_not_guessed(mesh):
     key = jax.random.key(0)
     with pytest.raises(jts.ShardingAnnotationError, match=r"stacked=\{'blocks/w': 1\}"):
         jts.sharded_init(Stack, key, mesh=mesh)
@@ -280,6 +278,13 @@ def test_stacked_layers_declared_not_guessed():
     np.testing.assert_allclose(
         np.asarray(piped.blocks.w), np.asarray(want.blocks.w), rtol=1e-6, atol=0
     )
+    # `abstract` takes the same declaration: the targets a checkpoint restores.
+    tree = jts.abstract(Stack, key, mesh=mesh, stacked={"blocks/**": ("data",)})
+    assert tree.blocks.w.shape == (4, 8, 4)
+    assert _spec_is(tree.blocks.w, P("data", None, "model"))
+    assert _spec_is(tree.blocks.b, P("data", "model"))
+    with pytest.raises(jts.ShardingAnnotationError, match=r"stacked=\{'blocks/w'"):
+        jts.abstract(Stack, key, mesh=mesh)
     with pytest.raises(jts.ShardingAnnotationError, match="matches no leaf"):
         jts.sharded_init(Stack, key, mesh=mesh, stacked={"layers/**": 1})
     with pytest.raises(jts.ShardingAnnotationError, match="at least one dim"):

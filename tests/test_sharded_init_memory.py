@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxtyping_shard import _init, _lowering
 from jaxtyping_shard.pytest_plugin import make_mesh
@@ -42,9 +42,14 @@ def _temp_bytes(mesh) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("kind", ["explicit", "auto", "mixed"])
 def test_temporaries_at_most_twice_the_largest_shard(kind):
-    assert _temp_bytes(make_mesh((4, 2), ("data", "model"), kind)) <= 2 * SHARD
+    if kind == "mixed":  # `data` Explicit, `model` Auto: auto_axes over one axis
+        types = (AxisType.Explicit, AxisType.Auto)
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=types)
+    else:
+        mesh = make_mesh((4, 2), ("data", "model"), kind)
+    assert _temp_bytes(mesh) <= 2 * SHARD
 
 
 def test_plain_jit_on_explicit_mesh_materialises_whole_weights():
