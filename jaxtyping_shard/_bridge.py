@@ -90,7 +90,7 @@ def _layout_of_spec(spec: PartitionSpec) -> _spec.Layout:
     return _spec.Layout(entries, (), _spec.format_spec(spec))
 
 
-def _fixed_rank(annotation: Any) -> Optional[int]:
+def fixed_rank(annotation: Any) -> Optional[int]:
     """The rank the annotation's dim string fixes, or `None` if it is variadic."""
     for member in sharded_members(annotation):
         if member.index_variadic is None:
@@ -120,7 +120,7 @@ def spec_for(
     if isinstance(annotation, NamedSharding):
         annotation = annotation.spec
     layout = layout_of(annotation, where)
-    fixed = None if isinstance(annotation, PartitionSpec) else _fixed_rank(annotation)
+    fixed = None if isinstance(annotation, PartitionSpec) else fixed_rank(annotation)
     prefix = f"{where}: " if where else ""
     if ndim is not None:
         if not isinstance(ndim, int) or ndim < 0:

@@ -159,10 +159,13 @@ def leaf_shardings(
                 mesh=mesh,  # logical annotations resolve here, with the rules in force
             )
         except ShardingAnnotationError as error:
+            fixed = _bridge.fixed_rank(annotation)
+            extra = len(shape) - fixed if fixed is not None and not lead else 0
+            declared = {_paths.rule_path(path): extra}
             hint = (
                 " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
-                f"extra leading dim: `stacked={{{_paths.rule_path(path)!r}: 1}}`."
-                if not lead
+                f"extra leading dims: `stacked={declared!r}`."
+                if extra > 0
                 else ""
             )
             problems.append(f"  {error}{hint}")

@@ -232,6 +232,24 @@ def test_every_bad_leaf_reported_before_compiling(monkeypatch, mesh):
     assert len(traces) == 1  # the abstract trace only
 
 
+def test_stack_hint_only_for_extra_dims():
+    # A rule naming an axis the mesh lacks is not a stacking problem: no hint.
+    mesh = MESHES["auto"]()
+    logical = Float[Array, "vocab embed", jts.Logical]
+
+    def init():
+        return {"emb": jnp.zeros((64, 8)), "w": jnp.zeros((2, 3, 8, 8))}
+
+    ann = {"emb": logical, "w": Float[Array, "embed mlp", P(None, "model")]}
+    with jts.axis_rules({"vocab": "data", "embed": "modle"}):
+        with pytest.raises(jts.ShardingAnnotationError) as info:
+            jts.sharded_init(init, mesh=mesh, annotations=ann)
+    emb, w = str(info.value).splitlines()[1:]
+    assert "output['emb']" in emb and "'modle'" in emb and "stacked" not in emb
+    assert "output['w']" in w and "has 2 dims, but ndim=4" in w
+    assert "stacked={'w': 2}" in w  # two extra leading dims
+
+
 def test_structured_init_upper_triangular(mesh):
     def init(key):
         return {"w": jnp.triu(jax.random.normal(key, (16, 16)))}
