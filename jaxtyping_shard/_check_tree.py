@@ -12,7 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 # widths), so the memo stack is hidden while they are: read in this one place.
 from jaxtyping._storage import _shape_storage
 
-from . import _bridge, _check, _mesh, _paths, _site, _tree
+from . import _bridge, _check, _init_plan, _mesh, _paths, _site, _tree
 from ._errors import ShardingAnnotationError, ShardingTypeCheckError
 
 
@@ -25,6 +25,7 @@ def check_tree(
     *,
     rules: Optional[Mapping[str, Any]] = None,
     like: Any = None,
+    stacked: Optional[Mapping[str, Any]] = None,
     name: str = "tree",
 ) -> T:
     """Checks every leaf of a tree against its annotation; one error lists all.
@@ -71,6 +72,12 @@ def check_tree(
         annotations say or, where it has none, as it is actually sharded
         (concrete arrays, or Explicit axes inside `jit`). Only the sharding is
         compared. Not together with `annotations` or `rules`.
+    - `stacked`: as for [`jaxtyping_shard.sharded_init`][]: `{pattern: n}` (or
+        `{pattern: ('pipe',)}`) declares the extra leading dims of the leaves
+        whose key path matches (layers stacked with `eqx.filter_vmap`). Those
+        leaves are checked for their sharding (the declared leading entries, then
+        their annotation's) and rank, not for dim names. With `like`, the
+        pattern applies to `like`'s leaves, whose annotations describe one layer.
     - `name`: how the tree is named in messages: `params['layers'][0]['w_in']`.
 
     **Returns:**
@@ -88,10 +95,12 @@ def check_tree(
         if annotations is not None or rules is not None:
             raise ValueError("check_tree: give `like` or annotations/rules, not both.")
         leaves, plan = _tree.plan_for(tree)
-        checkers = _like_checkers(plan.paths, like)
+        checkers = _like_checkers(plan.paths, like, stacked)
     else:
         leaves, plan = _tree.plan_for(tree, annotations, rules)
         checkers = checkers_of(plan)
+        if stacked:
+            checkers = _stacked_checkers(leaves, plan, checkers, stacked, name)
     failures = leaf_failures(leaves, plan.paths, checkers, name)
     if failures:
         total = sum(c is not None for c in checkers)
@@ -197,12 +206,50 @@ class _Missing:
         self.reason = reason
 
 
-def _like_checkers(paths: tuple, like: Any) -> tuple:
+def _stacked_checkers(
+    leaves: list, plan: Any, checkers: tuple, stacked: Mapping[str, Any], name: str
+) -> tuple:
+    """The checkers of leaves with declared leading dims: the declared entries,
+    then the spec of their annotation for the remaining dims."""
+    leads = _init_plan.stacked_prefixes(plan.paths, stacked)
+    out = list(checkers)
+    for i, (leaf, lead) in enumerate(zip(leaves, leads)):
+        if lead and out[i] is not None:
+            where = _paths.path_name(name, plan.paths[i])
+            out[i] = _with_lead(leaf, out[i], lead, where)
+    return tuple(out)
+
+
+def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
+    shape = tuple(getattr(leaf, "shape", ()))
+    if len(shape) < len(lead):
+        return _Missing(
+            f"rank {len(shape)}: fewer dims than its {len(lead)} declared stacked"
+        )
+    spec = _stacked_spec(leaf, annotation, lead, where)
+    return _bridge.as_annotation(spec)
+
+
+def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
+    shape = tuple(getattr(leaf, "shape", ()))
+    rest = shape[len(lead):]
+    if not _bridge.has_sharding(annotation):
+        return PartitionSpec(*lead, *([None] * len(rest)))
+    mesh = _leaf_mesh(leaf)
+    manual = mesh is not None and AxisType.Manual in mesh.axis_types
+    known = None if manual and isinstance(leaf, Tracer) else rest
+    spec = _bridge.spec_for(annotation, len(rest), where, shape=known, mesh=mesh)
+    entries = tuple(spec) + (None,) * (len(rest) - len(spec))
+    return PartitionSpec(*lead, *entries)
+
+
+def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
     like_leaves, like_plan = _tree.plan_for(like)
+    leads = _init_plan.stacked_prefixes(like_plan.paths, stacked)
     by_path = {
-        tuple(map(_paths.key_id, p)): (leaf, annotation, p)
-        for leaf, annotation, p in zip(
-            like_leaves, like_plan.annotations, like_plan.paths
+        tuple(map(_paths.key_id, p)): (leaf, annotation, p, lead)
+        for leaf, annotation, p, lead in zip(
+            like_leaves, like_plan.annotations, like_plan.paths, leads
         )
     }
     out: list[Any] = []
@@ -216,7 +263,13 @@ def _like_checkers(paths: tuple, like: Any) -> tuple:
                 )
             )
             continue
-        out.append(_bridge.as_annotation(_like_spec(*found)))
+        leaf, annotation, like_path, lead = found
+        if lead and _bridge.has_sharding(annotation):
+            where = "like" + jax.tree_util.keystr(like_path)
+            spec = _stacked_spec(leaf, annotation, lead, where)
+            out.append(_bridge.as_annotation(spec))
+        else:
+            out.append(_bridge.as_annotation(_like_spec(leaf, annotation, like_path)))
     return tuple(out)
 
 

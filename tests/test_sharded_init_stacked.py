@@ -1,5 +1,7 @@
 """`jts.sharded_init` of stacked layers: the extra leading dims are declared."""
 
+import functools as ft
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from jaxtyping import Array, jaxtyped
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 
+from .helpers import CHECK_ERRORS as CHECK_FAILURES
 from .test_sharded_init import _reference, _spec_is, MESHES
 
 
@@ -83,3 +86,57 @@ def test_stack_hint_only_for_extra_dims():
     assert "output['emb']" in emb and "'modle'" in emb and "stacked" not in emb
     assert "output['w']" in w and "has 2 dims, but ndim=4" in w
     assert "stacked={'w': 2}" in w  # two extra leading dims
+
+
+def test_check_tree_of_stacked_layers(mesh):
+    # check_tree takes the same declaration as sharded_init: the declared leading
+    # entries, then the layer's annotation; an undeclared stack is refused.
+    key = jax.random.key(0)
+    piped = jts.sharded_init(Stack, key, mesh=mesh, stacked={"blocks/**": ("data",)})
+    assert jts.check_tree(piped, stacked={"blocks/**": ("data",)}) is piped
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jts.check_tree(piped, stacked={"blocks/**": 1}, name="model")
+    message = str(info.value)
+    assert "model.blocks.w" in message and "model.blocks.b" in message
+    assert "float32[4@data,8,4@model]" in message
+    with pytest.raises(CHECK_FAILURES):
+        jts.check_tree(piped)  # rank 3 against a rank-2 annotation
+    # A leaf moved off its layout inside the stack is named, the others are not.
+    moved = eqx.tree_at(
+        lambda s: s.blocks.b,
+        piped,
+        jax.device_put(piped.blocks.b, jax.sharding.NamedSharding(mesh, P("data"))),
+    )
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jts.check_tree(moved, stacked={"blocks/**": ("data",)}, name="model")
+    assert "model.blocks.b" in str(info.value)
+    assert "model.blocks.w" not in str(info.value)
+    # like=: gradients laid out as the stacked parameters.
+    grads = jax.tree.map(jnp.zeros_like, piped)
+    jts.check_tree(grads, like=piped, stacked={"blocks/**": ("data",)}, name="grads")
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"g\.blocks\.b"):
+        jts.check_tree(moved, like=piped, stacked={"blocks/**": ("data",)}, name="g")
+    with pytest.raises(jts.ShardingAnnotationError, match="matches no leaf"):
+        jts.check_tree(piped, stacked={"layers/**": 1})
+
+
+def test_check_tree_of_stacked_layers_inside_jit():
+    # Explicit axes: the same verdicts at trace time, through a warm cache.
+    mesh = MESHES["explicit"]()
+    key = jax.random.key(0)
+    piped = jts.sharded_init(Stack, key, mesh=mesh, stacked={"blocks/**": ("data",)})
+    seen = []
+
+    @ft.partial(jax.jit, static_argnums=1)
+    def f(model, lead):
+        try:
+            jts.check_tree(model, stacked={"blocks/**": lead})
+            seen.append("ok")
+        except jts.ShardingTypeCheckError:
+            seen.append("bad")
+        return model.blocks.b
+
+    f(piped, ("data",))
+    f(piped, ("data",))  # cached: no retrace
+    f(piped, (None,))
+    assert seen == ["ok", "bad"]
