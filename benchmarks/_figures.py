@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
+import _transformer  # beside this file
 import _tree_figures  # beside this file
 import jax
 import jax.numpy as jnp
@@ -367,6 +368,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("sharded_init memory", lambda: _init_memory.figures(smoke)),
         ("check_tree", lambda: _tree_figures.check_tree_figure(settings)),
         ("jit, tree", lambda: _tree_figures.jit_tree_figures(settings)),
+        ("transformer step", lambda: _transformer.figures(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

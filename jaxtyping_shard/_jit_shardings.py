@@ -78,19 +78,31 @@ class AnnotatedJit:
         ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw = self._prepare(args, kwargs)
-        return inner(*pos, **kw)
+        inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
+        if slow is None:
+            return inner(*pos, **kw)
+        # Every sharded leaf committed, as when the signature was derived: JAX's
+        # own dispatch compares their shardings with `in_shardings` (equivalence,
+        # in C++), so the per-leaf loop runs only when it refuses them, to name
+        # the argument (or to move it, with `reshard_inputs=True`).
+        try:
+            return inner(*pos, **kw)
+        except ValueError:
+            checked = slow()
+            if all(a is b for a, b in zip(checked, pos)):
+                raise
+        return inner(*checked, **kw)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs)
         return inner.lower(*pos, **kw)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs)
         return inner.trace(*pos, **kw)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs)
         return inner.eval_shape(*pos, **kw)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -137,7 +149,10 @@ class AnnotatedJit:
         except Exception:  # an unannotated parameter: unspecified
             return None
 
-    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    def _prepare(self, args: tuple, kwargs: dict, fast: bool = False) -> tuple:
+        """`(inner, positional values, keyword values, slow)`: `slow` is `None`, or,
+        when `fast` and every sharded leaf is committed, the per-leaf placement
+        and check, left for the caller to run if JAX refuses the arguments."""
         pos, kw = self._bind(args, kwargs)
         flat = [
             None if static else jax.tree_util.tree_flatten(value)
@@ -148,7 +163,7 @@ class AnnotatedJit:
         ):
             # Inside another trace (jit, grad, vmap): the outer trace places the
             # values; the function's own checks still run on them.
-            return self._plain, tuple(value for _, value, _ in pos), kw
+            return self._plain, tuple(value for _, value, _ in pos), kw, None
         mesh = _call_mesh(flat)
         key = (
             mesh,
@@ -164,8 +179,11 @@ class AnnotatedJit:
         except TypeError:  # unhashable static values: derive again
             entry, key = None, None
         if entry is not None:
-            inner, in_leaves = entry
-            return inner, self._arguments(pos, flat, in_leaves), kw
+            inner, in_leaves, committed = entry
+            if fast and committed:
+                given = tuple(value for _, value, _ in pos)
+                return inner, given, kw, lambda: self._arguments(pos, flat, in_leaves)
+            return inner, self._arguments(pos, flat, in_leaves), kw, None
         kwargs = dict(self._kwargs)
         in_leaves = None
         if self._derive_in:
@@ -178,8 +196,8 @@ class AnnotatedJit:
             with self._lock:
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
-                self._cache[key] = (inner, in_leaves)
-        return inner, values, kw
+                self._cache[key] = (inner, in_leaves, _all_committed(flat, in_leaves))
+        return inner, values, kw, None
 
     def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
         trees, in_leaves = [], []
@@ -285,7 +303,21 @@ def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
 def _leaf_key(leaf: Any) -> Any:
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
-    return (type(leaf), None if shape is None else tuple(shape), dtype)
+    committed = getattr(leaf, "committed", None)  # in the key: see _all_committed
+    return (type(leaf), None if shape is None else tuple(shape), dtype, committed)
+
+
+def _all_committed(flat: list, in_leaves: Any) -> bool:
+    """Whether every leaf given a sharding is a committed array (none to place)."""
+    if in_leaves is None:
+        return False
+    for f, shardings in zip(flat, in_leaves):
+        if f is None or shardings is None:
+            continue
+        for leaf, sharding in zip(f[0], shardings):
+            if sharding is not None and not _committed(leaf):
+                return False
+    return True
 
 
 def _hashable(value: Any) -> Any:

@@ -1,0 +1,128 @@
+"""Figure 12: a training step of the transformer example, checks on / off / no library.
+
+`examples/transformer`'s `train_step` (`jts.jit` with shardings from the
+annotations, every check on) against the same step in mode "off", and against
+the same Python function compiled by plain `jax.jit` with shardings written by
+hand (taken from the placed arrays): steady-state calls, interleaved. Beside it,
+the first call (trace + compile + run, caches cleared) of the checked step
+against plain `jax.jit` in mode "off".
+"""
+
+import inspect
+import pathlib
+import sys
+from typing import Any
+
+import jax
+from _timing import figure, interleaved, one_shots, Settings, timed
+from jax.sharding import NamedSharding, PartitionSpec
+
+import jaxtyping_shard as jts
+
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from examples.transformer import train  # noqa: E402
+from examples.transformer.layout import RULES  # noqa: E402
+from examples.transformer.model import Config  # noqa: E402
+
+
+def _setup(kind: str) -> tuple:
+    mesh = train.make_mesh((4, 2), kind)
+    with jax.set_mesh(mesh), jts.axis_rules(RULES["fsdp_tp"]):
+        params, opt = train.init(Config(), mesh)
+        batch = train.load_batch(0, Config(), mesh)
+    return mesh, (params, opt, batch)
+
+
+def _plain(args: tuple) -> Any:
+    """The step's own function under plain `jax.jit`, shardings by hand."""
+    raw = inspect.unwrap(train.train_step)  # below jts.jit and its boundary checks
+    shardings = jax.tree.map(lambda x: x.sharding, args)
+    return jax.jit(raw, in_shardings=shardings, out_shardings=shardings[:2] + (None,))
+
+
+def _wrong(mesh: Any, args: tuple) -> bool:
+    """The checks are live: a replicated batch is refused."""
+    params, opt, batch = args
+    everywhere = NamedSharding(mesh, PartitionSpec())
+    replicated = jax.tree.map(lambda x: jax.device_put(x, everywhere), batch)
+    try:
+        train.train_step(params, opt, replicated)
+    except jts.ShardingTypeCheckError:
+        return True
+    return False
+
+
+def figures(settings: Settings) -> list[dict]:
+    kinds = ("explicit",) if settings.smoke else ("explicit", "auto")
+    return [fig for kind in kinds for fig in _for_mesh(kind, settings)]
+
+
+def _for_mesh(kind: str, settings: Settings) -> list[dict]:
+    mesh, args = _setup(kind)
+    name = f"12. transformer step, {kind.capitalize()}"
+    with jax.set_mesh(mesh), jts.axis_rules(RULES["fsdp_tp"]):
+        plain = _plain(args)
+        step = train.train_step
+
+        def checked() -> Any:
+            return jax.block_until_ready(step(*args))
+
+        def off() -> Any:
+            with jts.set_mode("off"):
+                return jax.block_until_ready(step(*args))
+
+        def bare() -> Any:
+            return jax.block_until_ready(plain(*args))
+
+        times = interleaved({"plain": bare, "checked": checked, "off": off}, settings)
+        live = _wrong(mesh, args)
+
+        def first(checked_step: bool) -> float:
+            if checked_step:
+                fresh = jts.jit(
+                    inspect.unwrap(train.train_step),
+                    in_shardings="annotations",
+                    out_shardings="annotations",
+                )
+                return timed(lambda: jax.block_until_ready(fresh(*args)))
+            fresh = _plain(args)
+            with jts.set_mode("off"):
+                return timed(lambda: jax.block_until_ready(fresh(*args)))
+
+        repeats = 1 if settings.smoke else 5
+        shots = one_shots(
+            {"plain": lambda: first(False), "checked": lambda: first(True)}, repeats
+        )
+    what = "train_step of examples/transformer (FSDP + TP, 4x2 mesh)"
+    return [
+        figure(
+            name,
+            f"steady-state {what}: jts.jit, checks on / plain jax.jit, shardings "
+            "by hand",
+            times["checked"],
+            times["plain"],
+            1.01,
+            "≤ 1.01",
+            live=live,
+        ),
+        figure(
+            name + ", off",
+            f"steady-state {what}: jts.jit in mode off / plain jax.jit",
+            times["off"],
+            times["plain"],
+            1.01,
+            "≤ 1.01",
+            live=live,
+        ),
+        figure(
+            name + ", first call",
+            f"trace + compile + run of the {what}, caches cleared: jts.jit, "
+            "checks on / plain jax.jit in mode off",
+            shots["checked"],
+            shots["plain"],
+            None,
+            "report",
+            live=live,
+        ),
+    ]
