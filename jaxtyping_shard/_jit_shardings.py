@@ -83,14 +83,17 @@ class AnnotatedJit:
             return inner(*pos, **kw)
         # Every sharded leaf committed, as when the signature was derived: JAX's
         # own dispatch compares their shardings with `in_shardings` (equivalence,
-        # in C++), so the per-leaf loop runs only when it refuses them, to name
-        # the argument (or to move it, with `reshard_inputs=True`).
+        # in C++). Only when the call fails does the per-leaf loop run, to name a
+        # mismatched argument (JAX's "Sharding passed to jit" error, or on an
+        # Explicit mesh a check failing in the retrace it causes) or to move it
+        # (`reshard_inputs=True`); no mismatch there: the call's own error.
         try:
             return inner(*pos, **kw)
-        except ValueError:
-            checked = slow()
-            if all(a is b for a, b in zip(checked, pos)):
-                raise
+        except Exception as error:
+            failure = error
+        checked = slow()
+        if all(a is b for a, b in zip(checked, pos)):
+            raise failure
         return inner(*checked, **kw)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:

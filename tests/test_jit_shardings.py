@@ -84,6 +84,31 @@ def test_reshard_inputs_moves_committed_arguments(mesh):
     assert wrong.sharding.spec == P("model", None)  # the caller's array untouched
 
 
+def test_warm_cache_then_a_mismatch_still_names_the_argument(mesh):
+    # After a call with every leaf committed as annotated, later calls leave the
+    # comparison to JAX's dispatch; a mismatch must still be named, not JAX's
+    # "Sharding passed to jit", and reshard_inputs must still move it.
+    right = place(mesh, (8, 4), P("data", None))
+    wrong = place(mesh, (8, 4), P("model", None))
+    w = place(mesh, (4, 2), P(None, "model"))
+    f, moving = _derived(), _derived(reshard_inputs=True)
+    for _ in range(2):
+        assert f(right, w).sharding.spec == P("data", "model")
+        assert moving(right, w).sharding.spec == P("data", "model")
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        f(wrong, w)
+    assert "`x` is `float32[8@model,4]`" in str(info.value)
+    assert "Sharding passed to jit" not in str(info.value)
+    y = moving(wrong, w)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(wrong) @ np.asarray(w))
+    # An equivalent spelling of the annotated sharding passes, warm or not.
+    same = place(mesh, (8, 4), P("data"))
+    assert f(same, w).sharding.spec == P("data", "model")
+    # Uncommitted arrays of the same shapes are placed as annotated.
+    assert f(np.ones((8, 4), np.float32), w).sharding.spec == P("data", "model")
+    assert f(right, w).sharding.spec == P("data", "model")
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Dense:
