@@ -105,8 +105,8 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
     # The inputs (keys, sizes) are small: replicated on the mesh, from any device
     # or mesh they were made on.
     replicated = NamedSharding(mesh, PartitionSpec())
-    inputs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                         sharding=replicated)
+    inputs = [None if x is None else jax.ShapeDtypeStruct(
+                  x.shape, x.dtype, sharding=_input_sharding(x, replicated))
               for x in traced.inputs]
     jitted = jax.jit(body, out_shardings=out_shardings)
     with jax.set_mesh(mesh), sharding_errors():
@@ -127,8 +127,21 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
     return compiled, run
 
 
+def _spans_processes(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def _input_sharding(x: Any, replicated: NamedSharding) -> Any:
+    # A global array (spanning processes) keeps its own layout: no process holds
+    # all of it to copy, and moving it would be a collective for nothing.
+    return x.sharding if _spans_processes(x) else replicated
+
+
 def _replicate(x: Any, sharding: NamedSharding) -> Any:
-    """`x` (the same value in every process) replicated over the whole mesh."""
+    """`x` (the same value in every process) replicated over the whole mesh; a
+    global array as it is."""
+    if _spans_processes(x):
+        return x
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
     # Across processes: each contributes its copy, as JAX's multi-host API asks

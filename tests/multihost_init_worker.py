@@ -104,6 +104,27 @@ def main() -> int:
                 "P('model', 'data')",
             ):
                 verdict(fragment in text, f"{kind}: {fragment!r} not in {text}")
+        # An argument that is itself a global array (spanning both processes)
+        # is used where it lies: no process holds all of it to copy. Global
+        # [2, 2, 3, 3]: the weights come out scaled by 10.
+        scale = jax.make_array_from_process_local_data(
+            NamedSharding(mesh, P("data")), np.full((2,), 2.0 + process_id, np.float32)
+        )
+        verdict(not scale.is_fully_addressable, f"{kind} scale spans processes")
+
+        def scaled(key, scale):
+            dense = make(key)
+            return Dense(dense.weight * scale.sum(), dense.bias)
+
+        model2 = jts.sharded_init(scaled, key, scale, mesh=mesh)
+        verdict(jts.check_tree(model2) is model2, f"{kind} check of a scaled init")
+        for shard, shard2 in zip(
+            model.weight.addressable_shards, model2.weight.addressable_shards
+        ):
+            verdict(
+                np.allclose(np.asarray(shard2.data), 10.0 * np.asarray(shard.data)),
+                f"{kind} scaled shard {shard.index}",
+            )
         tree = jts.abstract(make, key, mesh=mesh)
         verdict(
             tree.weight.sharding.is_equivalent_to(model.weight.sharding, 2),

@@ -21,4 +21,4 @@ pytestmark = pytest.mark.skipif(
 
 def test_two_process_sharded_init(tmp_path):
     logs = run_workers(WORKER, log_dir=tmp_path)
-    assert_workers_ok(logs, min_checks=117)  # every check ran, in both
+    assert_workers_ok(logs, min_checks=135)  # every check ran, in both
