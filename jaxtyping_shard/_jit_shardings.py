@@ -10,6 +10,13 @@ call signature and the jitted function is made per derived set (cached).
 A committed argument whose sharding differs from its annotation is refused with
 a `ShardingTypeCheckError` naming the argument path, before JAX's generic
 "Sharding passed to jit does not match"; `reshard_inputs=True` moves it instead.
+
+Calls go through a `jit` of the function over its arguments' flat leaves (one per
+derived signature, `_Entry.flat`): the tree was flattened here already to find
+the signature, and JAX flattening a tuple of arrays is C++ only, where flattening
+an Equinox module again would run its Python flatten per call. `lower`, `trace`
+and `eval_shape` use a `jit` of the function itself (`_Entry.tree`), so their
+results take the arguments as the caller wrote them.
 """
 
 import functools as ft
@@ -92,20 +99,20 @@ class AnnotatedJit:
         except Exception as error:
             failure = error
         checked = slow()
-        if all(a is b for a, b in zip(checked, pos)):
+        if len(checked) == len(pos) and all(a is b for a, b in zip(checked, pos)):
             raise failure
         return inner(*checked, **kw)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
         return inner.lower(*pos, **kw)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
         return inner.trace(*pos, **kw)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs)
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
         return inner.eval_shape(*pos, **kw)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -152,10 +159,18 @@ class AnnotatedJit:
         except Exception:  # an unannotated parameter: unspecified
             return None
 
-    def _prepare(self, args: tuple, kwargs: dict, fast: bool = False) -> tuple:
+    def _prepare(
+        self, args: tuple, kwargs: dict, fast: bool = False, tree: bool = False
+    ) -> tuple:
         """`(inner, positional values, keyword values, slow)`: `slow` is `None`, or,
         when `fast` and every sharded leaf is committed, the per-leaf placement
-        and check, left for the caller to run if JAX refuses the arguments."""
+        and check, left for the caller to run if JAX refuses the arguments.
+
+        Unless `tree` (for `lower`, `trace`, `eval_shape`), a signature whose
+        shardings are all derived is called through a `jit` over its flat leaves
+        (`_Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
+        second time (Equinox modules flatten in Python), and the values are those
+        flat leaves."""
         pos, kw = self._bind(args, kwargs)
         flat = [
             None if static else jax.tree_util.tree_flatten(value)
@@ -181,26 +196,53 @@ class AnnotatedJit:
             entry = self._cache.get(key)
         except TypeError:  # unhashable static values: derive again
             entry, key = None, None
-        if entry is not None:
-            inner, in_leaves, committed = entry
-            if fast and committed:
-                given = tuple(value for _, value, _ in pos)
-                return inner, given, kw, lambda: self._arguments(pos, flat, in_leaves)
-            return inner, self._arguments(pos, flat, in_leaves), kw, None
-        kwargs = dict(self._kwargs)
-        in_leaves = None
-        if self._derive_in:
-            in_leaves, kwargs["in_shardings"] = self._in_shardings(pos, flat, mesh)
-        values = self._arguments(pos, flat, in_leaves)
-        if self._derive_out:
-            kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
-        inner = self._make(self._fun, **kwargs)
-        if key is not None:
-            with self._lock:
-                if len(self._cache) >= _CACHE_LIMIT:
-                    self._cache.clear()
-                self._cache[key] = (inner, in_leaves, _all_committed(flat, in_leaves))
-        return inner, values, kw, None
+        if entry is None:
+            kwargs = dict(self._kwargs)
+            in_leaves = None
+            if self._derive_in:
+                in_leaves, kwargs["in_shardings"] = self._in_shardings(pos, flat, mesh)
+            values = self._arguments(pos, flat, in_leaves)
+            if self._derive_out:
+                kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+            flattens = key is not None and self._flattens(kw)
+            entry = _Entry(self, kwargs, in_leaves, _all_committed(flat, in_leaves),
+                           pos, flat, flattens)
+            if key is not None:
+                with self._lock:
+                    if len(self._cache) >= _CACHE_LIMIT:
+                        self._cache.clear()
+                    self._cache[key] = entry
+        else:
+            values = None
+        if tree or not entry.flattens:
+            if values is None:
+                values = self._arguments(pos, flat, entry.in_leaves)
+            return entry.tree(), values, kw, None
+        if values is None and fast and entry.committed:
+            given = _leaves_of(f for f in flat)
+            return entry.flat(), given, {}, (
+                lambda: _leaves_of(
+                    None if (f is None) else jax.tree_util.tree_flatten(v)
+                    for v, f in zip(self._arguments(pos, flat, entry.in_leaves), flat)
+                )
+            )
+        if values is None:
+            values = self._arguments(pos, flat, entry.in_leaves)
+        leaves = _leaves_of(
+            None if f is None else jax.tree_util.tree_flatten(v)
+            for v, f in zip(values, flat)
+        )
+        return entry.flat(), leaves, {}, None
+
+    def _flattens(self, kw: dict) -> bool:
+        """Whether calls may go through the flat `jit`: every sharding derived, no
+        keyword arguments and no donation (whose argument numbers are the
+        caller's)."""
+        return (
+            self._derive_in
+            and not kw
+            and not any(k.startswith("donate") for k in self._kwargs)
+        )
 
     def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
         trees, in_leaves = [], []
@@ -286,6 +328,69 @@ class AnnotatedJit:
                 "to `jts.jit` to move it on every call."
             )
         return tuple(values)
+
+
+class _Entry:
+    """One derived signature: its `jit` keyword arguments, made into a `jit` of
+    the function itself (`tree`) or of its flat leaves (`flat`) when first used."""
+
+    def __init__(self, owner: Any, kwargs: dict, in_leaves: Any, committed: bool,
+                 pos: list, flat: list, flattens: bool) -> None:
+        self._owner, self._kwargs = owner, kwargs
+        self.in_leaves, self.committed, self.flattens = in_leaves, committed, flattens
+        # Per positional parameter: its static value, or its tree structure and
+        # number of leaves (what the flat function rebuilds the arguments from).
+        self._layout = tuple(
+            (True, value, 0) if f is None else (False, f[1], len(f[0]))
+            for (_, value, _), f in zip(pos, flat)
+        )
+        self._tree: Any = None
+        self._flat: Any = None
+
+    def tree(self) -> Any:
+        if self._tree is None:
+            self._tree = self._owner._make(self._owner._fun, **self._kwargs)
+        return self._tree
+
+    def flat(self) -> Any:
+        if self._flat is None:
+            kwargs = {
+                k: v for k, v in self._kwargs.items() if not k.startswith("static_")
+            }
+            kwargs["in_shardings"] = tuple(
+                s
+                for (static, _, _), shardings in zip(self._layout, self.in_leaves)
+                if not static
+                for s in shardings
+            )
+            self._flat = self._owner._make(_flat_function(self._owner._fun,
+                                                          self._layout), **kwargs)
+        return self._flat
+
+
+def _flat_function(fun: Callable, layout: tuple) -> Callable:
+    """`fun` taking the flat leaves of its non-static arguments."""
+
+    def flat(*leaves: Any) -> Any:
+        args, i = [], 0
+        for static, what, n in layout:
+            if static:
+                args.append(what)
+            else:
+                args.append(jax.tree_util.tree_unflatten(what, leaves[i : i + n]))
+                i += n
+        return fun(*args)
+
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        try:
+            setattr(flat, attr, getattr(fun, attr))
+        except AttributeError:
+            pass
+    return flat
+
+
+def _leaves_of(flat: Any) -> tuple:
+    return tuple(leaf for f in flat if f is not None for leaf in f[0])
 
 
 def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
