@@ -235,10 +235,7 @@ def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partit
     rest = shape[len(lead):]
     if not _bridge.has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
-    mesh = _leaf_mesh(leaf)
-    manual = mesh is not None and AxisType.Manual in mesh.axis_types
-    known = None if manual and isinstance(leaf, Tracer) else rest
-    spec = _bridge.spec_for(annotation, len(rest), where, shape=known, mesh=mesh)
+    spec = _resolved_spec(leaf, annotation, rest, where)
     entries = tuple(spec) + (None,) * (len(rest) - len(spec))
     return PartitionSpec(*lead, *entries)
 
@@ -273,17 +270,24 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
     return tuple(out)
 
 
+def _resolved_spec(
+    leaf: Any, annotation: Any, dims: tuple, where: str
+) -> PartitionSpec:
+    """A sharded annotation's spec for `dims` (the leaf's shape after any stacked
+    dims), resolved as a check of that leaf would: with the shape (fallback lists
+    skip candidates that do not divide) and the leaf's mesh; inside shard_map the
+    shape is a local one, so by rank only."""
+    mesh = _leaf_mesh(leaf)
+    manual = mesh is not None and AxisType.Manual in mesh.axis_types
+    known = None if manual and isinstance(leaf, Tracer) else dims
+    return _bridge.spec_for(annotation, len(dims), where, shape=known, mesh=mesh)
+
+
 def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
     shape = tuple(getattr(leaf, "shape", ()))
     where = "like" + jax.tree_util.keystr(path)
     if _bridge.has_sharding(annotation):
-        # A logical annotation resolves as a check of that leaf would: with its
-        # shape (fallback lists skip candidates that do not divide) and its mesh;
-        # inside shard_map the shape is a local one, so by rank only.
-        mesh = _leaf_mesh(leaf)
-        manual = mesh is not None and AxisType.Manual in mesh.axis_types
-        known = None if manual and isinstance(leaf, Tracer) else shape
-        return _bridge.spec_for(annotation, len(shape), where, shape=known, mesh=mesh)
+        return _resolved_spec(leaf, annotation, shape, where)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)
