@@ -214,25 +214,22 @@ class AnnotatedJit:
                     self._cache[key] = entry
         else:
             values = None
-        if tree or not entry.flattens:
-            if values is None:
-                values = self._arguments(pos, flat, entry.in_leaves)
-            return entry.tree(), values, kw, None
+        # The flat jit takes the non-static arguments' leaves; the tree jit the
+        # arguments as given (and the one for `lower`, `trace`, `eval_shape`).
+        flattens = entry.flattens and not tree
+        inner = entry.flat() if flattens else entry.tree()
+
+        def pack(values: tuple) -> tuple:
+            return _flat_leaves(values, pos, flat) if flattens else values
+
         if values is None and fast and entry.committed:
-            given = _leaves_of(f for f in flat)
-            return entry.flat(), given, {}, (
-                lambda: _leaves_of(
-                    None if (f is None) else jax.tree_util.tree_flatten(v)
-                    for v, f in zip(self._arguments(pos, flat, entry.in_leaves), flat)
-                )
+            given = tuple(value for _, value, _ in pos)
+            return inner, pack(given), kw, (
+                lambda: pack(self._arguments(pos, flat, entry.in_leaves))
             )
         if values is None:
             values = self._arguments(pos, flat, entry.in_leaves)
-        leaves = _leaves_of(
-            None if f is None else jax.tree_util.tree_flatten(v)
-            for v, f in zip(values, flat)
-        )
-        return entry.flat(), leaves, {}, None
+        return inner, pack(values), kw, None
 
     def _flattens(self, kw: dict) -> bool:
         """Whether calls may go through the flat `jit`: every sharding derived, no
@@ -389,8 +386,14 @@ def _flat_function(fun: Callable, layout: tuple) -> Callable:
     return flat
 
 
-def _leaves_of(flat: Any) -> tuple:
-    return tuple(leaf for f in flat if f is not None for leaf in f[0])
+def _flat_leaves(values: tuple, pos: list, flat: list) -> tuple:
+    """The leaves of the non-static `values`: those already flattened for an
+    argument passed on unchanged, flattened again only where it was moved."""
+    leaves: list = []
+    for value, (_, given, _), f in zip(values, pos, flat):
+        if f is not None:
+            leaves.extend(f[0] if value is given else jax.tree_util.tree_leaves(value))
+    return tuple(leaves)
 
 
 def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:

@@ -143,3 +143,10 @@ def test_donation_as_jax_jit_does_it():
         np.testing.assert_array_equal(np.asarray(f(x)), want)
         plain(y)
     assert x.is_deleted() == y.is_deleted()
+    # Warm (every argument committed: JAX's dispatch compares the shardings),
+    # then a mismatched argument is still named.
+    with jax.set_mesh(mesh):
+        f(place(mesh, (8, 4), P("data", None)))
+        wrong = place(mesh, (8, 4), P(None, "data"))
+        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
+            f(wrong)
