@@ -8,7 +8,7 @@ where `model` spans the processes (both load the whole batch, as replicas).
 Asserts the placed arrays equal the single-process reference, that
 `jts.jit(in_shardings="annotations")` consumes them, and that the verification
 catches unequal replicas and uneven batches on every process alike. Prints
-`WORKER <id> OK <number of checks>` last. Not collected by pytest.
+`WORKER <id> OK <number of checks>`. Not collected by pytest.
 """
 
 import functools as ft

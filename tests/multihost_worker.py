@@ -4,7 +4,7 @@ Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4
 forced CPU devices (gloo collectives on loopback, `join_job`), builds arrays
 that span both processes, and checks matching and mis-sharded ones eagerly,
 inside `jit` with Explicit axes (trace time) and with Auto axes (compile time).
-Prints `WORKER <id> OK <number of checks>` last, and exits 0, if all verdicts
+Prints `WORKER <id> OK <number of checks>`, and exits 0, if all verdicts
 were right. Not collected by pytest: it needs its own process.
 """
 

@@ -34,11 +34,16 @@ def test_worker_env_forces_the_device_count(monkeypatch):
 def test_assert_workers_ok_rejects_failed_or_short_runs():
     ok = [WorkerLog(i, 0, f"noise\nWORKER {i} OK 5\n") for i in range(2)]
     assert assert_workers_ok(ok, min_checks=5) == [5, 5]
+    gloo = "[Gloo] Rank 1 is connected to 3 peer ranks.\n"  # after the line
+    late = [ok[0], WorkerLog(1, 0, f"WORKER 1 OK 5\n{gloo}{gloo}")]
+    assert assert_workers_ok(late, min_checks=5) == [5, 5]
     for logs in (
         [ok[0], WorkerLog(1, 1, "Traceback ...\nWORKER 1 OK 5")],  # exit status
         [ok[0], WorkerLog(1, None, "")],  # timed out
         [ok[0], WorkerLog(1, 0, "WORKER 0 OK 5")],  # another process's line
         [ok[0], WorkerLog(1, 0, "WORKER 1 OK 4")],  # a check did not run
+        [ok[0], WorkerLog(1, 0, "noise\n")],  # no result line
+        [ok[0], WorkerLog(1, 0, "WORKER 1 OK 5\nWORKER 1 OK 5")],  # two lines
     ):
         with pytest.raises(AssertionError, match="--- worker 1"):
             assert_workers_ok(logs, min_checks=5)
