@@ -65,8 +65,9 @@ def _args(mesh):
 
 
 def test_one_compile_per_signature_and_the_same_values(mesh):
-    f = jts.jit(apply, in_shardings="annotations", out_shardings="annotations",
-                static_argnums=2)
+    f = jts.jit(
+        apply, in_shardings="annotations", out_shardings="annotations", static_argnums=2
+    )
     m, x = _args(mesh)
     want = (np.asarray(x) @ np.asarray(m.w) + np.asarray(m.b)) * 2.0
     with jax.set_mesh(mesh), _Compiles() as compiles:
@@ -118,8 +119,9 @@ def test_mismatch_after_a_warm_cache_names_the_leaf(mesh):
         bad = Linear(place(mesh, (4, 2), P("model", None)), m.b)
         with pytest.raises(jts.ShardingTypeCheckError, match=r"`m\.w` is"):
             f(bad, x, 1.0)
-        moved = jts.jit(apply, in_shardings="annotations", static_argnums=2,
-                        reshard_inputs=True)
+        moved = jts.jit(
+            apply, in_shardings="annotations", static_argnums=2, reshard_inputs=True
+        )
         moved(m, x, 1.0)
         assert moved(bad, x, 1.0).shape == (8, 2)
 
@@ -127,9 +129,7 @@ def test_mismatch_after_a_warm_cache_names_the_leaf(mesh):
 def test_donation_as_jax_jit_does_it():
     # Donated arguments are numbered by the caller: such a jts.jit calls the
     # function itself, and donates as jax.jit does.
-    mesh = jax.make_mesh(
-        (4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2
-    )
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
 
     @jaxtyped(typechecker=beartype)
     def double(x: X) -> X:

@@ -255,8 +255,11 @@ def test_cache_sequence_meshes_and_modes():
         assert layer.weight.sharding.mesh == mesh
         seen.append(tuple(layer.weight.sharding.mesh.axis_types))
     assert seen[0] == seen[3] != seen[1]
-    other = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 4), ("data", "model"),
-                 axis_types=(AxisType.Explicit,) * 2)
+    other = Mesh(
+        np.asarray(jax.devices()[:8]).reshape(2, 4),
+        ("data", "model"),
+        axis_types=(AxisType.Explicit,) * 2,
+    )
     layer = jts.sharded_init(Linear, key, mesh=other)
     assert _spec_is(layer.weight, P("data", "model"))
     assert layer.weight.addressable_shards[0].data.shape == (8, 2)

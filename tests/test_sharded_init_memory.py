@@ -57,9 +57,11 @@ def test_plain_jit_on_explicit_mesh_materialises_whole_weights():
     mesh = make_mesh((4, 2), ("data", "model"), "explicit")
     shardings = {k: NamedSharding(mesh, v) for k, v in ANNOTATIONS.items()}
     with jax.set_mesh(mesh):
-        compiled = jax.jit(_init_fn, out_shardings=shardings).lower(
-            jax.random.key(0)
-        ).compile()
+        compiled = (
+            jax.jit(_init_fn, out_shardings=shardings)
+            .lower(jax.random.key(0))
+            .compile()
+        )
     assert compiled.memory_analysis().temp_size_in_bytes >= N * N * 4  # a whole one
 
 
