@@ -220,7 +220,7 @@ _NOUNS = {
 
 
 def _noun(obj: Any, what: str = "array") -> str:
-    """"this traced array" under `jit`; what else it is under `grad` or `vmap`."""
+    """ "this traced array" under `jit`; what else it is under `grad` or `vmap`."""
     return _NOUNS[how_traced(obj)].format(what)
 
 

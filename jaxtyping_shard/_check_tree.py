@@ -232,7 +232,7 @@ def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
 
 def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
     shape = tuple(getattr(leaf, "shape", ()))
-    rest = shape[len(lead):]
+    rest = shape[len(lead) :]
     if not _bridge.has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
     spec = _resolved_spec(leaf, annotation, rest, where)

@@ -238,9 +238,7 @@ def _on_compile_end(event: str, duration_secs: float, **kwargs: Any) -> None:
     thread = threading.get_ident()
     with _pending_lock:
         recent = [
-            c
-            for c in _pending.values()
-            if started is None or c.reported_at >= started
+            c for c in _pending.values() if started is None or c.reported_at >= started
         ]
     # Other threads may compile at the same time. A module is lowered in the thread
     # that compiles it (a `jit` call, `.lower(...).compile()`), unless JAX reuses a
@@ -314,8 +312,3 @@ def _message(name: str, mismatches: list[str]) -> str:
         lines = [head, *(f"  {i}. {m}." for i, m in enumerate(unique, 1))]
     lines.append(FIX)
     return "\n".join(lines)
-
-
-
-
-

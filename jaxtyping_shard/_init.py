@@ -105,9 +105,14 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
     # The inputs (keys, sizes) are small: replicated on the mesh, from any device
     # or mesh they were made on.
     replicated = NamedSharding(mesh, PartitionSpec())
-    inputs = [None if x is None else jax.ShapeDtypeStruct(
-                  x.shape, x.dtype, sharding=_input_sharding(x, replicated))
-              for x in traced.inputs]
+    inputs = [
+        None
+        if x is None
+        else jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=_input_sharding(x, replicated)
+        )
+        for x in traced.inputs
+    ]
     jitted = jax.jit(body, out_shardings=out_shardings)
     with jax.set_mesh(mesh), sharding_errors():
         with _lowering.unrolled_threefry_on_cpu():
@@ -115,8 +120,7 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
         compiled = lowered.compile()  # compile-time sharding checks run here
 
     def run() -> Any:
-        args = [None if x is None else _replicate(x, replicated)
-                for x in traced.inputs]
+        args = [None if x is None else _replicate(x, replicated) for x in traced.inputs]
         with jax.set_mesh(mesh), sharding_errors():
             arrays = compiled(args)
         tree = traced.rebuild(arrays)
@@ -184,8 +188,9 @@ def verify(tree: Any, shardings: list, what: str) -> None:
             expected = _spec.format_array(
                 leaf.dtype, leaf.shape, _spec.entries_of(want.spec)
             )
-            wrong.append(f"  output{jax.tree_util.keystr(path)}: `{shown}`, "
-                         f"not `{expected}`")
+            wrong.append(
+                f"  output{jax.tree_util.keystr(path)}: `{shown}`, not `{expected}`"
+            )
     if wrong:
         message = (
             f"{what}: after init, {len(wrong)} leaf/leaves are not laid out as "
@@ -333,4 +338,3 @@ def abstract(
         for leaf, sharding in zip(leaves, shardings)
     ]
     return jax.tree_util.tree_unflatten(treedef, out)
-

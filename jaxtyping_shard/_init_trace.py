@@ -94,8 +94,11 @@ def _defer_checks(collected: list, outputs: list) -> list:
 def run_deferred(traced: Traced, arrays: list, tree: Any) -> None:
     if not traced.deferred:
         return
-    paths = [p for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-             if _init_plan.is_array(x)]
+    paths = [
+        p
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if _init_plan.is_array(x)
+    ]
     failures: dict = {}
     for index, check in traced.deferred:
         mismatch = check.mismatch(arrays[index].sharding, ())
@@ -125,8 +128,10 @@ def abstract_shapes(traced: Traced, mesh: Mesh) -> Any:
     """The output tree with `jax.ShapeDtypeStruct` array leaves (no shardings)."""
     # Inputs without shardings: a key made under another `jax.set_mesh` would
     # carry that mesh into a trace under this one.
-    inputs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-              for x in traced.inputs]
+    inputs = [
+        None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
+        for x in traced.inputs
+    ]
     with jax.set_mesh(_all_auto(mesh)):
         shapes = jax.eval_shape(traced, inputs)
     return traced.rebuild(shapes)

@@ -105,7 +105,7 @@ def in_spec_of(obj: Any) -> Optional[Any]:
             for owner in below:
                 if owner.f_locals.get("trace") is trace:
                     return _pick(frame.f_locals.get("in_specs"), _arg_index(owner, obj))
-        below = [frame, *below[:_OWNER_DEPTH - 1]]
+        below = [frame, *below[: _OWNER_DEPTH - 1]]
         frame = frame.f_back
     return None
 
