@@ -129,3 +129,18 @@ def vmap_spmd_axis_name_on_explicit_axes() -> bool:
     sharded over an Explicit axis `a`: JAX 0.8 refuses ("Only one of
     spmd_axis_name or arrays sharded on `Explicit` mesh axis type is allowed")."""
     return JAX_VERSION >= (0, 9)
+
+
+try:
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX without it
+    _trace_state_clean = None
+
+
+def top_level() -> bool:
+    """Whether no trace (`jit`, `grad`, `vmap`, ...) is under way in this thread.
+
+    JAX's private `core.trace_state_clean`, in every supported release (0.12 also
+    counts an empty trace context as clean). Without it, `False`: callers then
+    take their general path, which handles both cases."""
+    return _trace_state_clean is not None and _trace_state_clean()

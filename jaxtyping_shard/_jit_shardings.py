@@ -11,12 +11,17 @@ A committed argument whose sharding differs from its annotation is refused with
 a `ShardingTypeCheckError` naming the argument path, before JAX's generic
 "Sharding passed to jit does not match"; `reshard_inputs=True` moves it instead.
 
-Calls go through a `jit` of the function over its arguments' flat leaves (one per
-derived signature, `_Entry.flat`): the tree was flattened here already to find
-the signature, and JAX flattening a tuple of arrays is C++ only, where flattening
-an Equinox module again would run its Python flatten per call. `lower`, `trace`
-and `eval_shape` use a `jit` of the function itself (`_Entry.tree`), so their
-results take the arguments as the caller wrote them.
+A call first tries the entry of the previous call (`_jit_entry.Speculation`):
+with the same signature, JAX's C++ dispatch runs it with no Python work here, as
+for plain `jax.jit`. Otherwise the signature is derived here (bound, flattened,
+keyed) and, while each call's sharded leaves are all committed arrays, called
+through the entry's `jit` of the function itself (`Entry.tree`), ready for the
+next call to go straight to it. Other calls go through a `jit` of the function
+over its arguments' flat leaves (`Entry.flat`): the tree was flattened here
+already to find the signature, and JAX flattening a tuple of arrays is C++ only,
+where flattening an Equinox module again would run its Python flatten per call.
+`lower`, `trace` and `eval_shape` use the tree jit, so their results take the
+arguments as the caller wrote them.
 """
 
 import functools as ft
@@ -30,7 +35,9 @@ from jax.core import Tracer
 from jax.sharding import NamedSharding
 
 from . import _bridge, _hints, _mesh, _rules, _spec, _tree
+from ._config import mode_reader
 from ._errors import ShardingTypeCheckError
+from ._jit_entry import Entry, Flag, flat_leaves, Speculation, STALE_LIMIT
 from ._place import parameter_hint
 
 
@@ -80,11 +87,31 @@ class AnnotatedJit:
         self._plain = make(fun, **kwargs)  # inside another trace
         self._cache: dict = {}
         self._lock = threading.Lock()
+        # Per mode (a loop may time a step with checks on and off in turn): the
+        # entry the last ordinary call went through, see `_jit_entry`.
+        self._last: dict[str, Speculation] = {}
+        self._stale = 0  # speculative calls failed in a row
+        self._speculating = Flag()
         self._name = getattr(fun, "__qualname__", None) or repr(fun)
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self._last.get(mode_reader.value)
+        if last is not None and not kwargs and last.fits(args):
+            # The steady state: the last call's entry, JAX's C++ dispatch (see
+            # `_jit_entry`). Anything it refuses goes the ordinary way below,
+            # which names a mismatched argument or moves it.
+            try:
+                out = last.call(args, self._speculating)
+            except Exception:  # `Stale`, or JAX refused the arguments
+                self._stale += 1
+                self._last.pop(last.mode, None)
+                if self._stale >= STALE_LIMIT:
+                    self._last.clear()
+            else:
+                self._stale = 0
+                return out
         inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
         if slow is None:
             return inner(*pos, **kw)
@@ -168,7 +195,7 @@ class AnnotatedJit:
 
         Unless `tree` (for `lower`, `trace`, `eval_shape`), a signature whose
         shardings are all derived is called through a `jit` over its flat leaves
-        (`_Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
+        (`Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
         second time (Equinox modules flatten in Python), and the values are those
         flat leaves."""
         pos, kw = self._bind(args, kwargs)
@@ -197,16 +224,25 @@ class AnnotatedJit:
         except TypeError:  # unhashable static values: derive again
             entry, key = None, None
         if entry is None:
-            kwargs = dict(self._kwargs)
+            jit_kwargs = dict(self._kwargs)
             in_leaves = None
             if self._derive_in:
-                in_leaves, kwargs["in_shardings"] = self._in_shardings(pos, flat, mesh)
+                in_leaves, jit_kwargs["in_shardings"] = self._in_shardings(
+                    pos, flat, mesh
+                )
             values = self._arguments(pos, flat, in_leaves)
             if self._derive_out:
-                kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
             flattens = key is not None and self._flattens(kw)
-            entry = _Entry(self, kwargs, in_leaves, _all_committed(flat, in_leaves),
-                           pos, flat, flattens)
+            entry = Entry(
+                self,
+                jit_kwargs,
+                in_leaves,
+                _all_committed(flat, in_leaves),
+                pos,
+                flat,
+                flattens,
+            )
             if key is not None:
                 with self._lock:
                     if len(self._cache) >= _CACHE_LIMIT:
@@ -217,15 +253,32 @@ class AnnotatedJit:
         # The flat jit takes the non-static arguments' leaves; the tree jit the
         # arguments as given (and the one for `lower`, `trace`, `eval_shape`).
         flattens = entry.flattens and not tree
+        if (
+            fast
+            and key is not None
+            and entry.committed
+            and not kwargs
+            and not kw
+            and len(args) == len(pos)
+            and self._stale < STALE_LIMIT
+        ):
+            # The next call may go straight to this entry's tree jit (see
+            # `_jit_entry`), which must then have traced this signature.
+            flattens = False
+            speculation = Speculation(entry, len(pos))
+            self._last[speculation.mode] = speculation
         inner = entry.flat() if flattens else entry.tree()
 
         def pack(values: tuple) -> tuple:
-            return _flat_leaves(values, pos, flat) if flattens else values
+            return flat_leaves(values, pos, flat) if flattens else values
 
         if values is None and fast and entry.committed:
             given = tuple(value for _, value, _ in pos)
-            return inner, pack(given), kw, (
-                lambda: pack(self._arguments(pos, flat, entry.in_leaves))
+            return (
+                inner,
+                pack(given),
+                kw,
+                (lambda: pack(self._arguments(pos, flat, entry.in_leaves))),
             )
         if values is None:
             values = self._arguments(pos, flat, entry.in_leaves)
@@ -325,75 +378,6 @@ class AnnotatedJit:
                 "to `jts.jit` to move it on every call."
             )
         return tuple(values)
-
-
-class _Entry:
-    """One derived signature: its `jit` keyword arguments, made into a `jit` of
-    the function itself (`tree`) or of its flat leaves (`flat`) when first used."""
-
-    def __init__(self, owner: Any, kwargs: dict, in_leaves: Any, committed: bool,
-                 pos: list, flat: list, flattens: bool) -> None:
-        self._owner, self._kwargs = owner, kwargs
-        self.in_leaves, self.committed, self.flattens = in_leaves, committed, flattens
-        # Per positional parameter: its static value, or its tree structure and
-        # number of leaves (what the flat function rebuilds the arguments from).
-        self._layout = tuple(
-            (True, value, 0) if f is None else (False, f[1], len(f[0]))
-            for (_, value, _), f in zip(pos, flat)
-        )
-        self._tree: Any = None
-        self._flat: Any = None
-
-    def tree(self) -> Any:
-        if self._tree is None:
-            self._tree = self._owner._make(self._owner._fun, **self._kwargs)
-        return self._tree
-
-    def flat(self) -> Any:
-        if self._flat is None:
-            kwargs = {
-                k: v for k, v in self._kwargs.items() if not k.startswith("static_")
-            }
-            kwargs["in_shardings"] = tuple(
-                s
-                for (static, _, _), shardings in zip(self._layout, self.in_leaves)
-                if not static
-                for s in shardings
-            )
-            self._flat = self._owner._make(_flat_function(self._owner._fun,
-                                                          self._layout), **kwargs)
-        return self._flat
-
-
-def _flat_function(fun: Callable, layout: tuple) -> Callable:
-    """`fun` taking the flat leaves of its non-static arguments."""
-
-    def flat(*leaves: Any) -> Any:
-        args, i = [], 0
-        for static, what, n in layout:
-            if static:
-                args.append(what)
-            else:
-                args.append(jax.tree_util.tree_unflatten(what, leaves[i : i + n]))
-                i += n
-        return fun(*args)
-
-    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
-        try:
-            setattr(flat, attr, getattr(fun, attr))
-        except AttributeError:
-            pass
-    return flat
-
-
-def _flat_leaves(values: tuple, pos: list, flat: list) -> tuple:
-    """The leaves of the non-static `values`: those already flattened for an
-    argument passed on unchanged, flattened again only where it was moved."""
-    leaves: list = []
-    for value, (_, given, _), f in zip(values, pos, flat):
-        if f is not None:
-            leaves.extend(f[0] if value is given else jax.tree_util.tree_leaves(value))
-    return tuple(leaves)
 
 
 def _statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:

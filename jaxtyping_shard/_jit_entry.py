@@ -1,0 +1,171 @@
+"""One derived signature of `jts.jit(in_shardings="annotations")`, and the
+speculative call that dispatches a steady-state call to it without Python work.
+
+An `_Entry` holds the `jit` keyword arguments derived for one call signature
+(tree structures, shapes, dtypes, mesh, rules), made into a `jit` of the
+function itself (`tree`) or of its arguments' flat leaves (`flat`) when first
+used.
+
+**Speculation.** A training loop calls its step with arguments of the same
+signature every time, and finding the entry (binding the signature, flattening
+the trees, a key over every leaf) costs Python time per leaf. So the last entry
+a call went through is called again directly with the next call's arguments
+(`Speculation.call`): JAX's C++ dispatch then flattens them, compares their
+signature and the shardings of committed arrays with the entry's `in_shardings`
+(raising on a mismatch), and runs the executable, as for plain `jax.jit`.
+
+It is sound because the entry's `tree` jit never traces during a speculative
+call: its function raises `Stale` first. A call whose signature differs from
+every signature the entry was traced for (by the ordinary path, which derived
+the shardings for it) misses JAX's caches and must trace, so it is stopped
+before any tracing and goes the ordinary way. What JAX does not key its caches
+on is compared before speculating: the thread being outside any trace, the mesh
+of `jax.set_mesh`, the rules table and the mode (the last two are keyed on by
+JAX too).
+"""
+
+import functools as ft
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from . import _compat, _mesh, _rules
+from ._config import mode_reader
+
+
+# After this many speculative calls in a row that failed (stale, as when the
+# signature alternates between calls, or refused by JAX, as when an argument is
+# placed otherwise each time and `reshard_inputs=True` moves it), the function
+# is no longer called speculatively.
+STALE_LIMIT = 8
+
+
+class Stale(Exception):
+    """Raised where a speculative call would trace: the entry does not fit it."""
+
+
+class Flag(threading.local):
+    """Per thread: whether a speculative call is under way."""
+
+    on = False
+
+
+class Entry:
+    """One derived signature: its `jit` keyword arguments, made into a `jit` of
+    the function itself (`tree`) or of its flat leaves (`flat`) when first used."""
+
+    def __init__(
+        self,
+        owner: Any,
+        kwargs: dict,
+        in_leaves: Any,
+        committed: bool,
+        pos: list,
+        flat: list,
+        flattens: bool,
+    ) -> None:
+        self._owner, self._kwargs = owner, kwargs
+        self.in_leaves, self.committed, self.flattens = in_leaves, committed, flattens
+        # Per positional parameter: its static value, or its tree structure and
+        # number of leaves (what the flat function rebuilds the arguments from).
+        self._layout = tuple(
+            (True, value, 0) if f is None else (False, f[1], len(f[0]))
+            for (_, value, _), f in zip(pos, flat)
+        )
+        self._tree: Any = None
+        self._flat: Any = None
+
+    def tree(self) -> Any:
+        if self._tree is None:
+            fun, speculating = self._owner._fun, self._owner._speculating
+
+            @ft.wraps(fun)
+            def traced(*args: Any, **kwargs: Any) -> Any:
+                if speculating.on:  # a signature no ordinary call derived: stop
+                    raise Stale
+                return fun(*args, **kwargs)
+
+            self._tree = self._owner._make(traced, **self._kwargs)
+        return self._tree
+
+    def flat(self) -> Any:
+        if self._flat is None:
+            kwargs = {
+                k: v for k, v in self._kwargs.items() if not k.startswith("static_")
+            }
+            kwargs["in_shardings"] = tuple(
+                s
+                for (static, _, _), shardings in zip(self._layout, self.in_leaves)
+                if not static
+                for s in shardings
+            )
+            self._flat = self._owner._make(
+                flat_function(self._owner._fun, self._layout), **kwargs
+            )
+        return self._flat
+
+
+class Speculation:
+    """The entry the last ordinary call went through, with what JAX's caches do
+    not key on (`jax.set_mesh`'s mesh) or what is cheaper to compare here than to
+    find stale there (rules, mode), as they were then."""
+
+    __slots__ = ("entry", "count", "mesh", "rules", "mode")
+
+    def __init__(self, entry: Entry, count: int) -> None:
+        self.entry, self.count = entry, count
+        self.mesh = _mesh.set_concrete_mesh()
+        self.rules = _rules.current()
+        self.mode = mode_reader.value
+
+    def fits(self, args: tuple) -> bool:
+        """Whether a call with these positional arguments (and no keyword ones)
+        may be made speculatively: outside any trace (a traced call takes the
+        function unconstrained), with the same mesh, rules and mode."""
+        return (
+            len(args) == self.count
+            and _compat.top_level()
+            and _mesh.set_concrete_mesh() is self.mesh
+            and _rules.current() is self.rules
+            and mode_reader.value == self.mode
+        )
+
+    def call(self, args: tuple, flag: Flag) -> Any:
+        flag.on = True
+        try:
+            return self.entry.tree()(*args)
+        finally:
+            flag.on = False
+
+
+def flat_function(fun: Callable, layout: tuple) -> Callable:
+    """`fun` taking the flat leaves of its non-static arguments."""
+
+    def flat(*leaves: Any) -> Any:
+        args, i = [], 0
+        for static, what, n in layout:
+            if static:
+                args.append(what)
+            else:
+                args.append(jax.tree_util.tree_unflatten(what, leaves[i : i + n]))
+                i += n
+        return fun(*args)
+
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        try:
+            setattr(flat, attr, getattr(fun, attr))
+        except AttributeError:
+            pass
+    return flat
+
+
+def flat_leaves(values: tuple, pos: list, flat: list) -> tuple:
+    """The leaves of the non-static `values`: those already flattened for an
+    argument passed on unchanged, flattened again only where it was moved."""
+    leaves: list = []
+    for value, (_, given, _), f in zip(values, pos, flat):
+        if f is not None:
+            leaves.extend(f[0] if value is given else jax.tree_util.tree_leaves(value))
+    return tuple(leaves)
