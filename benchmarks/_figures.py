@@ -1,7 +1,7 @@
 """The figures of `run.py`. Imported only after the CPU device count is forced.
 
 Every figure is a ratio against a baseline timed in the same process, in
-interleaved batches (the order rotates each repeat), so that drift and other load
+interleaved batches (a fresh order each repeat), so that drift and other load
 on the machine hit both sides alike. The ratio is the median over repeats of
 candidate / baseline of the same repeat.
 """

@@ -1,12 +1,13 @@
 """Timing for the figures: interleaved batches, paired ratios, one table row.
 
 Every figure is a ratio against a baseline timed in the same process, in
-interleaved batches (the order rotates each repeat), so that drift and other load
+interleaved batches (a fresh order each repeat), so that drift and other load
 on the machine hit both sides alike. The ratio is the median over repeats of
 candidate / baseline of the same repeat.
 """
 
 import gc
+import random
 import statistics
 import time
 import timeit
@@ -34,22 +35,35 @@ def _calibrate(timer: timeit.Timer, batch_s: float) -> int:
 
 
 def interleaved(
-    stmts: dict[str, Callable[[], Any]], settings: Settings
+    stmts: dict[str, Callable[[], Any]],
+    settings: Settings,
+    setups: dict[str, Callable[[], Any]] | None = None,
+    repeats: int | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call of each statement, one list entry per repeat.
 
     The first statement is the baseline; the batch size is calibrated on it and
-    used for all, and the order of the statements rotates each repeat.
+    used for all, and the statements run in a fresh (seeded) order each repeat. A
+    statement's setup (`setups`) runs before each of its batches, untimed: what
+    the statement needs in force (a mode) without timing the switch to it.
+    `repeats` overrides the settings' number of repeats.
     """
-    timers = {name: timeit.Timer(fn) for name, fn in stmts.items()}
+    setups = setups or {}
+    timers = {
+        name: timeit.Timer(fn, setup=setups.get(name, "pass"))
+        for name, fn in stmts.items()
+    }
     for timer in timers.values():
         timer.timeit(3)  # warm up: caches, compiled code, first-call paths
     number = _calibrate(next(iter(timers.values())), settings.batch_s)
     names = list(timers)
     out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(settings.repeats):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
+    order = random.Random(0)
+    for _ in range(settings.repeats if repeats is None else repeats):
+        # A fresh order each repeat: with three or more statements a rotation
+        # keeps each one behind the same predecessor, whose leftovers (buffers
+        # freed, XLA threads still winding down) then bias its ratio.
+        for name in order.sample(names, len(names)):
             # timeit disables the garbage collector while it runs.
             out[name].append(timers[name].timeit(number) / number)
     return out

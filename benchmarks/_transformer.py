@@ -3,9 +3,11 @@
 `examples/transformer`'s `train_step` (`jts.jit` with shardings from the
 annotations, every check on) against the same step in mode "off", and against
 the same Python function compiled by plain `jax.jit` with shardings written by
-hand (taken from the placed arrays): steady-state calls, interleaved. Beside it,
-the first call (trace + compile + run, caches cleared) of the checked step
-against plain `jax.jit` in mode "off".
+hand (taken from the placed arrays): steady-state calls, interleaved, 303
+batches a side in full mode. A second plain `jax.jit` of the same function,
+timed alongside, gives the noise floor: how far apart two equal sides come out
+on this machine. Beside it, the first call (trace + compile + run, caches
+cleared) of the checked step against plain `jax.jit` in mode "off".
 """
 
 import inspect
@@ -63,20 +65,42 @@ def _for_mesh(kind: str, settings: Settings) -> list[dict]:
     mesh, args = _setup(kind, Config(layers=1) if settings.smoke else Config())
     name = f"12. transformer step, {kind.capitalize()}"
     with jax.set_mesh(mesh), jts.axis_rules(RULES["fsdp_tp"]):
-        plain = _plain(args)
+        plain, again = _plain(args), _plain(args)
         step = train.train_step
 
         def checked() -> Any:
             return jax.block_until_ready(step(*args))
 
-        def off() -> Any:
-            with jts.set_mode("off"):
-                return jax.block_until_ready(step(*args))
-
         def bare() -> Any:
             return jax.block_until_ready(plain(*args))
 
-        times = interleaved({"plain": bare, "checked": checked, "off": off}, settings)
+        def bare_again() -> Any:  # the noise floor: plain against itself
+            return jax.block_until_ready(again(*args))
+
+        # Mode off is set before each of its batches, untimed, as a program run
+        # with JAXTYPING_SHARD_MODE=off has it: a `with set_mode("off")` around
+        # each call would time JAX's thread-local config switch (about 50 µs a
+        # call here, for plain `jax.jit` as much as for `jts.jit`).
+        previous = jts.get_mode()
+        try:
+            times = interleaved(
+                {
+                    "plain": bare,
+                    "checked": checked,
+                    "off": checked,
+                    "again": bare_again,
+                },
+                settings,
+                setups={
+                    "plain": lambda: jts.set_mode("check"),
+                    "checked": lambda: jts.set_mode("check"),
+                    "off": lambda: jts.set_mode("off"),
+                    "again": lambda: jts.set_mode("check"),
+                },
+                repeats=settings.repeats if settings.smoke else 3 * settings.repeats,
+            )
+        finally:
+            jts.set_mode(previous)
         live = _wrong(mesh, args)
 
         def first(checked_step: bool) -> float:
@@ -128,6 +152,16 @@ def _for_mesh(kind: str, settings: Settings) -> list[dict]:
             times["plain"],
             1.01,
             "≤ 1.01",
+            live=live,
+        ),
+        figure(
+            name + ", noise floor",
+            f"steady-state {what}: a second plain jax.jit of it / plain jax.jit "
+            "(the same program: how far apart two equal sides come out)",
+            times["again"],
+            times["plain"],
+            None,
+            "report",
             live=live,
         ),
         *first_call,
