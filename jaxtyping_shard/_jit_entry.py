@@ -19,9 +19,9 @@ call: its function raises `Stale` first. A call whose signature differs from
 every signature the entry was traced for (by the ordinary path, which derived
 the shardings for it) misses JAX's caches and must trace, so it is stopped
 before any tracing and goes the ordinary way. What JAX does not key its caches
-on is compared before speculating: the thread being outside any trace, the mesh
-of `jax.set_mesh`, the rules table and the mode (the last two are keyed on by
-JAX too).
+on is compared before speculating: the thread being outside any trace and
+`jax.disable_jit()`, the mesh of `jax.set_mesh`, the rules table and the mode
+(the last two are keyed on by JAX too).
 """
 
 import functools as ft
@@ -123,10 +123,12 @@ class Speculation:
     def fits(self, args: tuple) -> bool:
         """Whether a call with these positional arguments (and no keyword ones)
         may be made speculatively: outside any trace (a traced call takes the
-        function unconstrained), with the same mesh, rules and mode."""
+        function unconstrained) and `jax.disable_jit()`, with the same mesh,
+        rules and mode."""
         return (
             len(args) == self.count
             and _compat.top_level()
+            and not jax.config.jax_disable_jit  # each call would run `fun` eagerly
             and _mesh.set_concrete_mesh() is self.mesh
             and _rules.current() is self.rules
             and mode_reader.value == self.mode

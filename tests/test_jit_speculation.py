@@ -267,9 +267,30 @@ def test_inside_another_trace_after_warm_speculation(mesh):
             np.asarray(grad.w), np.asarray(x).T @ np.ones((8, 2)), rtol=1e-6
         )
         with jax.disable_jit():
-            out = f(m, x)
+            for _ in range(_jit_entry.STALE_LIMIT + 1):  # eager: not speculated
+                out = f(m, x)
         np.testing.assert_allclose(np.asarray(out), _want(m, x), rtol=1e-6)
         f(m, x)  # and back to the steady state
+        assert f._stale == 0 and f._last
+        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
+            f(m, place(mesh, (8, 4), P()))
+
+
+def test_cleared_caches_after_warm_speculation(mesh, monkeypatch):
+    f = _jit(apply)
+    m, x = _args(mesh)
+    ordinary = _Ordinary(f, monkeypatch)
+    with jax.set_mesh(mesh):
+        f(m, x)
+        f(m, x)
+        jax.clear_caches()
+        out = f(m, x)  # stale (JAX would trace again), then derived: one miss
+        np.testing.assert_allclose(np.asarray(out), _want(m, x), rtol=1e-6)
+        f(m, x)
+        assert ordinary.count == 2 and f._stale == 0
+        jax.clear_caches()
+        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
+            f(m, place(mesh, (8, 4), P()))
 
 
 def test_alternating_signatures_stop_speculating(mesh, monkeypatch):
