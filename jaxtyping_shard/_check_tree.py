@@ -12,7 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 # widths), so the memo stack is hidden while they are: read in this one place.
 from jaxtyping._storage import _shape_storage
 
-from . import _bridge, _check, _init_plan, _mesh, _paths, _site, _tree
+from . import _bridge, _check, _init_plan, _mesh, _paths, _site, _spec, _tree
 from ._errors import ShardingAnnotationError, ShardingTypeCheckError
 
 
@@ -57,8 +57,11 @@ def check_tree(
 
     Works on concrete arrays, inside `jit` (Explicit axes at trace time, Auto
     axes when XLA compiles, reported through [`jaxtyping_shard.jit`][] or
-    [`jaxtyping_shard.sharding_errors`][]) and inside `shard_map`. Each leaf is
-    checked on its own: dim names bind within one leaf, not across leaves.
+    [`jaxtyping_shard.sharding_errors`][]), inside `shard_map`, and on
+    `jax.ShapeDtypeStruct` leaves (from [`jaxtyping_shard.abstract`][] or
+    `jax.eval_shape`: their dtype, dims and `sharding`; one without a sharding
+    fails an annotation that asks for one). Each leaf is checked on its own: dim
+    names bind within one leaf, not across leaves.
 
     **Arguments:**
 
@@ -162,6 +165,8 @@ def leaf_failures(
                 keys = jax.tree_util.keystr(path)
                 with _site.naming(function, argument, is_return, keys):
                     reason = _reason(checker, leaf)
+            elif isinstance(leaf, jax.ShapeDtypeStruct):
+                reason = _abstract_reason(checker, leaf)
             elif isinstance(leaf, checker):
                 continue
             else:
@@ -180,6 +185,38 @@ def _reason(checker: Any, leaf: Any) -> str:
         reasons = [m.__instancecheck_str__(leaf) for m in members]
         return "" if "" in reasons else reasons[0]
     return checker.__instancecheck_str__(leaf)
+
+
+def _abstract_reason(checker: Any, leaf: jax.ShapeDtypeStruct) -> str:
+    """A `jax.ShapeDtypeStruct` (what `abstract` and `jax.eval_shape` give, what a
+    checkpoint is restored into) against an annotation: its dtype and shape as
+    jaxtyping checks an array's, then its `sharding` as a concrete array's."""
+    members = _bridge.sharded_members(checker) if not hasattr(checker, "_jts") else ()
+    if members:  # a union: passes if one member does
+        reasons = [_abstract_reason(m, leaf) for m in members]
+        return "" if "" in reasons else reasons[0]
+    dtype, dims = getattr(checker, "dtype", None), getattr(checker, "dim_str", None)
+    if dtype is None or dims is None:  # not an array annotation
+        return _reason(checker, leaf)
+    twin = _abstract_twins.get(checker)
+    if twin is None:
+        twin = _abstract_twins[checker] = dtype[jax.ShapeDtypeStruct, dims]
+    message = type(twin).__instancecheck_str__(twin, leaf)
+    if message or not _bridge.has_sharding(checker):
+        return message
+    if leaf.sharding is None:
+        hint = getattr(getattr(checker, "_jts", None), "text", None) or checker.__name__
+        shown = _spec.format_array(leaf.dtype, leaf.shape, ())
+        return (
+            f"this `jax.ShapeDtypeStruct` ({shown}) has no sharding, and its type "
+            f"hint {hint} asks for one. Give it `sharding=` (`jts.abstract` does), "
+            "or check the arrays themselves."
+        )
+    return checker._jts_sharding_str(leaf)  # the sharding part of the check
+
+
+# Per annotation, jaxtyping's dtype-and-dims check of a `jax.ShapeDtypeStruct`.
+_abstract_twins: dict = {}
 
 
 def error(what: str, failures: list, total: int) -> ShardingTypeCheckError:
