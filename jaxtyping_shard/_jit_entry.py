@@ -1,7 +1,7 @@
 """One derived signature of `jts.jit(in_shardings="annotations")`, and the
 speculative call that dispatches a steady-state call to it without Python work.
 
-An `_Entry` holds the `jit` keyword arguments derived for one call signature
+An `Entry` holds the `jit` keyword arguments derived for one call signature
 (tree structures, shapes, dtypes, mesh, rules), made into a `jit` of the
 function itself (`tree`) or of its arguments' flat leaves (`flat`) when first
 used.
@@ -15,10 +15,13 @@ signature and the shardings of committed arrays with the entry's `in_shardings`
 (raising on a mismatch), and runs the executable, as for plain `jax.jit`.
 
 It is sound because the entry's `tree` jit never traces during a speculative
-call: its function raises `Stale` first. A call whose signature differs from
-every signature the entry was traced for (by the ordinary path, which derived
-the shardings for it) misses JAX's caches and must trace, so it is stopped
-before any tracing and goes the ordinary way. What JAX does not key its caches
+call: its function raises `Stale` first. A call whose types differ from every
+signature the entry was traced for (by the ordinary path, which derived the
+shardings for it) misses JAX's caches and must trace, so it is stopped before
+any tracing and goes the ordinary way. One whose types match but whose arrays
+are placed otherwise (on Auto axes the type holds no sharding) meets JAX's own
+comparison with `in_shardings`: committed arrays are refused (the ordinary path
+then names them), the others placed as the ordinary path would place them. What JAX does not key its caches
 on is compared before speculating: the thread being outside any trace and
 `jax.disable_jit()`, the mesh of `jax.set_mesh`, the rules table and the mode
 (the last two are keyed on by JAX too).
