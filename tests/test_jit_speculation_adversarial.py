@@ -1,0 +1,142 @@
+"""`jts.jit(in_shardings="annotations")` after warm calls must answer as a fresh
+function called once does: warm it, change one thing about an argument's
+placement, call again.
+
+JAX compares a committed argument with `in_shardings` as HLO shardings, which
+number devices by their place in the mesh, not by id: an array on a mesh of
+the same shape over another device order, or on one device where the
+annotation is replicated, passes that comparison and is moved silently. A warm
+function (its speculative call, or a cached entry of the ordinary way) left that
+comparison to JAX."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jaxtyping import Array
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+
+from .helpers import place
+
+
+X = Float[Array, "b e", P("data", None)]
+R = Float[Array, "e", P()]
+
+
+@pytest.fixture(params=[AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def kind(request):
+    return request.param
+
+
+def _meshes(kind):
+    devices = np.asarray(jax.devices()[:8])
+    mesh = Mesh(devices.reshape(4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    other = Mesh(devices[::-1].reshape(4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    return mesh, other
+
+
+def _jit(fun, **kwargs):
+    return jts.jit(
+        fun, in_shardings="annotations", out_shardings="annotations", **kwargs
+    )
+
+
+def scale(x: X, w: R) -> X:
+    return x * w
+
+
+def _want(x, w):
+    return np.asarray(x) * np.asarray(w)
+
+
+def _devices(out):
+    return [d.id for d in out.sharding.mesh.devices.flat]
+
+
+@pytest.mark.parametrize("warm", [0, 1, 3], ids=["fresh", "cached", "speculative"])
+def test_another_device_order_is_refused_after_warm_calls(kind, warm):
+    # Under `jax.set_mesh(mesh)`, `x` on the same axes over other devices is
+    # placed otherwise: a fresh function names it, so must a warm one (once:
+    # the ordinary way's cached entry; three times: speculation).
+    mesh, other = _meshes(kind)
+    f = _jit(scale)
+    x, w = place(mesh, (8, 4), P("data")), place(mesh, (4,), P())
+    wrong = place(other, (8, 4), P("data"))
+    with jax.set_mesh(mesh):
+        for _ in range(warm):
+            f(x, w)
+        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
+            f(wrong, w)
+        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
+            f(wrong, w)  # and again, now that its signature was seen
+        out = f(x, w)  # the right one still goes through
+    np.testing.assert_allclose(np.asarray(out), _want(x, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("warm", [0, 1, 3], ids=["fresh", "cached", "speculative"])
+def test_one_device_for_a_replicated_annotation_after_warm_calls(kind, warm):
+    # `w` committed to one device, annotated `P()` over the mesh's 8: refused
+    # whether or not the function was warm.
+    mesh, _ = _meshes(kind)
+    f = _jit(scale)
+    x, w = place(mesh, (8, 4), P("data")), place(mesh, (4,), P())
+    single = jax.device_put(np.ones((4,), np.float32), jax.devices()[3])
+    with jax.set_mesh(mesh):
+        for _ in range(warm):
+            f(x, w)
+        with pytest.raises(jts.ShardingTypeCheckError, match="`w` is"):
+            f(x, single)
+    for _ in range(warm):  # the mesh read off the arguments instead
+        f(x, w)
+    with pytest.raises(jts.ShardingTypeCheckError, match="`w` is"):
+        f(x, single)
+
+
+@pytest.mark.parametrize("warm", [0, 1, 3], ids=["fresh", "cached", "speculative"])
+def test_the_mesh_of_the_arguments_after_warm_calls(kind, warm):
+    # No `jax.set_mesh`: the mesh is the arguments'. Warm on one device order,
+    # then all arguments on another: the result lies on the arguments' mesh, as
+    # a fresh function puts it (never the warm entry's devices).
+    mesh, other = _meshes(kind)
+    f = _jit(scale)
+    x, w = place(mesh, (8, 4), P("data")), place(mesh, (4,), P())
+    x2, w2 = place(other, (8, 4), P("data")), place(other, (4,), P())
+    for _ in range(warm):
+        assert _devices(f(x, w)) == _devices(place(mesh, (1,), P()))
+    out = f(x2, w2)  # (not under a transfer guard: it would hide the move)
+    assert out.sharding.mesh == other
+    assert out.sharding.spec == P("data", None)
+    np.testing.assert_allclose(np.asarray(out), _want(x2, w2), rtol=1e-6)
+
+
+def test_equivalent_shardings_still_speculate_without_moving(kind):
+    # `P('data')` and `P('data', None)` are the same placement: accepted after
+    # warm calls with no data moved, and the steady state comes back.
+    mesh, _ = _meshes(kind)
+    f = _jit(scale)
+    x, w = place(mesh, (8, 4), P("data")), place(mesh, (4,), P())
+    same = place(mesh, (8, 4), P("data", None))
+    with jax.set_mesh(mesh):
+        f(x, w)
+        f(x, w)
+        with jax.transfer_guard_device_to_device("disallow"):
+            out = f(same, w)
+            f(x, w)
+    np.testing.assert_allclose(np.asarray(out), _want(same, w), rtol=1e-6)
+
+
+def test_reshard_inputs_moves_another_device_order_after_warm_calls(kind):
+    # With `reshard_inputs=True` the array on the other device order is moved
+    # to the annotation's devices, warm or not.
+    mesh, other = _meshes(kind)
+    f = _jit(scale, reshard_inputs=True)
+    x, w = place(mesh, (8, 4), P("data")), place(mesh, (4,), P())
+    wrong = place(other, (8, 4), P("data"))
+    with jax.set_mesh(mesh):
+        f(x, w)
+        f(x, w)
+        out = f(wrong, w)
+    assert out.sharding.mesh == mesh
+    np.testing.assert_allclose(np.asarray(out), _want(wrong, w), rtol=1e-6)
