@@ -399,6 +399,12 @@ def _leaf_key(leaf: Any) -> Any:
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
     committed = getattr(leaf, "committed", None)  # in the key: see _all_committed
+    if committed:
+        # A committed array's sharding, not just its being committed: a cached
+        # entry leaves the comparison with `in_shardings` to JAX, which compares
+        # HLO shardings and so accepts (and moves) an array on another device
+        # order, or on one device where the annotation is replicated.
+        committed = leaf.sharding
     return (type(leaf), None if shape is None else tuple(shape), dtype, committed)
 
 
