@@ -485,7 +485,20 @@ def _mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
     expected = _spec.format_array(
         leaf.dtype, leaf.shape, _spec.entries_of(sharding.spec)
     )
+    mesh = _mesh.format_mesh(sharding.mesh)
+    if shown == expected:  # the same layout over other devices: say which
+        shown += f"` over devices {_device_ids(actual)}"
+        mesh += f" over devices {_device_ids(sharding)}"
+    else:
+        shown += "`"
     return (
-        f"`{name}` is `{shown}`, its annotation asks for `{expected}` "
-        f"({_spec.format_spec(sharding.spec)}, mesh {_mesh.format_mesh(sharding.mesh)})"
+        f"`{name}` is `{shown}, its annotation asks for `{expected}` "
+        f"({_spec.format_spec(sharding.spec)}, mesh {mesh})"
     )
+
+
+def _device_ids(sharding: Any) -> list:
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None:
+        return sorted(d.id for d in sharding.device_set)
+    return [d.id for d in mesh.devices.flat]
