@@ -146,3 +146,40 @@ def test_reshard_inputs_moves_another_device_order_after_warm_calls(kind):
         out = f(wrong, w)
     assert out.sharding.mesh == mesh
     np.testing.assert_allclose(np.asarray(out), _want(wrong, w), rtol=1e-6)
+
+
+def test_leaves_inside_trees_and_donation_after_warm_calls(kind):
+    # A module field and a dict entry on another device order, after warm
+    # calls of a donating function: each named by its path, and the refused
+    # argument not donated (the refusal comes before anything runs).
+    import equinox as eqx
+
+    class Linear(eqx.Module):
+        w: Float[Array, "e m", P(None, "model")]
+        b: Float[Array, "m"]  # noqa: F821
+
+    def apply(
+        m: Linear, xs: dict[str, Float[Array, "b e", P("data", None)]]
+    ) -> Float[Array, "b e", P("data", None)]:
+        return xs["a"] + m.w @ m.b
+
+    mesh, other = _meshes(kind)
+    f = _jit(apply, donate_argnums=1)
+    m = Linear(place(mesh, (4, 2), P(None, "model")), place(mesh, (2,), P()))
+    wrong = Linear(place(other, (4, 2), P(None, "model")), m.b)
+    x_other = place(other, (8, 4), P("data"))
+    with jax.set_mesh(mesh):
+        for _ in range(3):
+            f(m, {"a": place(mesh, (8, 4), P("data"))})
+        xs = {"a": place(mesh, (8, 4), P("data"))}
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"`m\.w` is .* over"):
+            f(wrong, xs)
+        assert not xs["a"].is_deleted()
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"`xs\['a'\]` is .* over"):
+            f(m, {"a": x_other})
+        assert not x_other.is_deleted()
+        x = place(mesh, (8, 4), P("data"))
+        want = np.asarray(x) + np.asarray(m.w) @ np.asarray(m.b)
+        out = f(m, {"a": x})
+    assert x.is_deleted()  # the right one donated, as before
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
