@@ -234,11 +234,16 @@ class AnnotatedJit:
             if self._derive_out:
                 jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
             flattens = key is not None and self._flattens(kw)
+            # A signature whose committed arguments had to be moved (it is keyed
+            # on their shardings) is never left to JAX: it would move them
+            # silently, and JAX 0.10's dispatch, once it has moved an array from
+            # another device order, passes the next one unmoved and crashes.
+            moved = any(v is not given for v, (_, given, _) in zip(values, pos))
             entry = Entry(
                 self,
                 jit_kwargs,
                 in_leaves,
-                _all_committed(flat, in_leaves),
+                _all_committed(flat, in_leaves) and not moved,
                 pos,
                 flat,
                 flattens,
