@@ -115,10 +115,10 @@ class AnnotatedJit:
         inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
         if slow is None:
             return inner(*pos, **kw)
-        # Every sharded leaf committed, as when the signature was derived: JAX's
-        # own dispatch compares their shardings with `in_shardings` (equivalence,
-        # in C++). Only when the call fails does the per-leaf loop run, to name a
-        # mismatched argument (JAX's "Sharding passed to jit" error, or on an
+        # Every sharded leaf committed, with the shardings (part of the key) the
+        # signature was derived and checked for, nothing moved then: JAX's own
+        # dispatch runs it. Only when the call fails does the per-leaf loop run,
+        # to name a mismatched argument (JAX's "Sharding passed to jit" error, or on an
         # Explicit mesh a check failing in the retrace it causes) or to move it
         # (`reshard_inputs=True`); no mismatch there: the call's own error.
         try:
