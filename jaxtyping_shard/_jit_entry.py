@@ -140,7 +140,13 @@ class Speculation:
     def call(self, args: tuple, flag: Flag) -> Any:
         flag.on = True
         try:
-            return self.entry.tree()(*args)
+            # JAX compares a committed argument's sharding with `in_shardings` as
+            # HLO shardings, blind to which devices hold it: an array on a mesh of
+            # another device order, or on one device for a replicated annotation,
+            # would be moved silently. Any such move fails here instead, and the
+            # ordinary way checks the argument (`is_equivalent_to`) and names it.
+            with jax.transfer_guard_device_to_device("disallow"):
+                return self.entry.tree()(*args)
         finally:
             flag.on = False
 

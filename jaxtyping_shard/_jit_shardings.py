@@ -115,10 +115,10 @@ class AnnotatedJit:
         inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
         if slow is None:
             return inner(*pos, **kw)
-        # Every sharded leaf committed, as when the signature was derived: JAX's
-        # own dispatch compares their shardings with `in_shardings` (equivalence,
-        # in C++). Only when the call fails does the per-leaf loop run, to name a
-        # mismatched argument (JAX's "Sharding passed to jit" error, or on an
+        # Every sharded leaf committed, with the shardings (part of the key) the
+        # signature was derived and checked for, nothing moved then: JAX's own
+        # dispatch runs it. Only when the call fails does the per-leaf loop run,
+        # to name a mismatched argument (JAX's "Sharding passed to jit" error, or on an
         # Explicit mesh a check failing in the retrace it causes) or to move it
         # (`reshard_inputs=True`); no mismatch there: the call's own error.
         try:
@@ -234,11 +234,16 @@ class AnnotatedJit:
             if self._derive_out:
                 jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
             flattens = key is not None and self._flattens(kw)
+            # A signature whose committed arguments had to be moved (it is keyed
+            # on their shardings) is never left to JAX: it would move them
+            # silently, and JAX 0.10's dispatch, once it has moved an array from
+            # another device order, passes the next one unmoved and crashes.
+            moved = any(v is not given for v, (_, given, _) in zip(values, pos))
             entry = Entry(
                 self,
                 jit_kwargs,
                 in_leaves,
-                _all_committed(flat, in_leaves),
+                _all_committed(flat, in_leaves) and not moved,
                 pos,
                 flat,
                 flattens,
@@ -399,6 +404,12 @@ def _leaf_key(leaf: Any) -> Any:
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
     committed = getattr(leaf, "committed", None)  # in the key: see _all_committed
+    if committed:
+        # A committed array's sharding, not just its being committed: a cached
+        # entry leaves the comparison with `in_shardings` to JAX, which compares
+        # HLO shardings and so accepts (and moves) an array on another device
+        # order, or on one device where the annotation is replicated.
+        committed = leaf.sharding
     return (type(leaf), None if shape is None else tuple(shape), dtype, committed)
 
 
@@ -479,7 +490,20 @@ def _mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
     expected = _spec.format_array(
         leaf.dtype, leaf.shape, _spec.entries_of(sharding.spec)
     )
+    mesh = _mesh.format_mesh(sharding.mesh)
+    if shown == expected:  # the same layout over other devices: say which
+        shown += f"` over devices {_device_ids(actual)}"
+        mesh += f" over devices {_device_ids(sharding)}"
+    else:
+        shown += "`"
     return (
-        f"`{name}` is `{shown}`, its annotation asks for `{expected}` "
-        f"({_spec.format_spec(sharding.spec)}, mesh {_mesh.format_mesh(sharding.mesh)})"
+        f"`{name}` is `{shown}, its annotation asks for `{expected}` "
+        f"({_spec.format_spec(sharding.spec)}, mesh {mesh})"
     )
+
+
+def _device_ids(sharding: Any) -> list:
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None:
+        return sorted(d.id for d in sharding.device_set)
+    return [d.id for d in mesh.devices.flat]
