@@ -144,3 +144,10 @@ def top_level() -> bool:
     counts an empty trace context as clean). Without it, `False`: callers then
     take their general path, which handles both cases."""
     return _trace_state_clean is not None and _trace_state_clean()
+
+
+def jit_disabled() -> bool:
+    """Whether `jax.disable_jit()` is in force here (its thread-local value, else
+    the global one): the public `jax.config.jax_disable_jit`, which the type
+    stubs of `jax.config` do not declare, in every supported release."""
+    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]

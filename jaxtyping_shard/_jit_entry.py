@@ -10,21 +10,23 @@ used.
 signature every time, and finding the entry (binding the signature, flattening
 the trees, a key over every leaf) costs Python time per leaf. So the last entry
 a call went through is called again directly with the next call's arguments
-(`Speculation.call`): JAX's C++ dispatch then flattens them, compares their
-signature and the shardings of committed arrays with the entry's `in_shardings`
-(raising on a mismatch), and runs the executable, as for plain `jax.jit`.
+(`Speculation.call`), and only JAX's C++ cache may answer: it flattens the
+arguments, finds their signature (tree, types, and each committed array's
+sharding, compared by equality, so by devices too) among those the ordinary
+way already called the entry's `tree` jit with, and runs that executable, as
+for plain `jax.jit`.
 
-It is sound because the entry's `tree` jit never traces during a speculative
-call: its function raises `Stale` first. A call whose types differ from every
-signature the entry was traced for (by the ordinary path, which derived the
-shardings for it) misses JAX's caches and must trace, so it is stopped before
-any tracing and goes the ordinary way. One whose types match but whose arrays
-are placed otherwise (on Auto axes the type holds no sharding) meets JAX's own
-comparison with `in_shardings`: committed arrays are refused (the ordinary path
-then names them), the others placed as the ordinary path would place them. What JAX does not key its caches
-on is compared before speculating: the thread being outside any trace and
-`jax.disable_jit()`, the mesh of `jax.set_mesh`, the rules table and the mode
-(the last two are keyed on by JAX too).
+On a miss, JAX's Python path would take over: it might trace, and it compares
+committed arrays with `in_shardings` as HLO shardings, blind to which devices
+hold them, moving an array on another device order (or on one device, for a
+replicated annotation) instead of refusing it. Under `jax.no_tracing(True)`
+that path raises before it does anything, and the call goes the ordinary way,
+which checks each leaf with `is_equivalent_to` and names or moves it. The
+function of the `tree` jit also raises `Stale` if it is traced during a
+speculative call, in case some JAX path reaches it without that check. What
+JAX does not key its caches on is compared before speculating: the thread being
+outside any trace and `jax.disable_jit()`, the mesh of `jax.set_mesh`, the
+rules table and the mode (the last two are keyed on by JAX too).
 """
 
 import functools as ft
@@ -131,22 +133,31 @@ class Speculation:
         return (
             len(args) == self.count
             and _compat.top_level()
-            and not jax.config.jax_disable_jit  # each call would run `fun` eagerly
+            and not _compat.jit_disabled()  # `fun` would run eagerly
             and _mesh.set_concrete_mesh() is self.mesh
             and _rules.current() is self.rules
             and mode_reader.value == self.mode
         )
 
     def call(self, args: tuple, flag: Flag) -> Any:
+        jitted = self.entry.tree()
         flag.on = True
         try:
-            # JAX compares a committed argument's sharding with `in_shardings` as
-            # HLO shardings, blind to which devices hold it: an array on a mesh of
-            # another device order, or on one device for a replicated annotation,
-            # would be moved silently. Any such move fails here instead, and the
-            # ordinary way checks the argument (`is_equivalent_to`) and names it.
-            with jax.transfer_guard_device_to_device("disallow"):
-                return self.entry.tree()(*args)
+            # Only JAX's C++ cache may answer: on a miss its Python path would
+            # compare committed arguments with `in_shardings` as HLO shardings,
+            # blind to which devices hold them (an array on another device order,
+            # or on one device for a replicated annotation, would be moved), and
+            # might trace. `no_tracing` makes that path raise before it does
+            # anything; the ordinary way then checks the arguments
+            # (`is_equivalent_to`) and names or moves them.
+            with jax.no_tracing(True):
+                return jitted(*args)
+        except Exception:
+            # The miss left an entry in JAX's C++ cache that sends this signature
+            # to Python on every later call (refused there each time): dropped,
+            # so that the ordinary way's call of this jit fills it properly.
+            jitted._clear_cache()
+            raise
         finally:
             flag.on = False
 
