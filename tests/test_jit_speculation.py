@@ -415,3 +415,20 @@ def test_arguments_moved_on_every_call_stop_speculating(mesh):
             assert out.sharding.spec == P("data", "model")
             np.testing.assert_allclose(np.asarray(out), _want(m, x), rtol=1e-6)
     assert f._stale == 1 and not f._last
+
+
+def test_uncommitted_unannotated_arguments_keep_speculating(mesh, monkeypatch):
+    # A scale made at top level each step (uncommitted, no sharding asked for):
+    # JAX's C++ cache places it as on the first call, no Python of ours.
+    @jaxtyped(typechecker=beartype)
+    def scaled(x: X, s: Float[Array, ""]) -> X:
+        return x * s
+
+    f = _jit(scaled)
+    _, x = _args(mesh)
+    ordinary = _Ordinary(f, monkeypatch)
+    with jax.set_mesh(mesh):
+        for i in range(_jit_entry.STALE_LIMIT + 3):
+            s = jnp.float32(i)
+            np.testing.assert_allclose(np.asarray(f(x, s)), i * np.asarray(x))
+    assert ordinary.count == 1 and f._stale == 0
