@@ -104,7 +104,7 @@ class AnnotatedJit:
             # which names a mismatched argument or moves it.
             try:
                 out = last.call(args, self._speculating)
-            except Exception:  # `Stale`, or JAX refused the arguments
+            except Exception:  # a miss of JAX's C++ cache, or `Stale`
                 self._stale += 1
                 self._last.pop(last.mode, None)
                 if self._stale >= STALE_LIMIT:
@@ -268,7 +268,7 @@ class AnnotatedJit:
             and self._stale < STALE_LIMIT
         ):
             # The next call may go straight to this entry's tree jit (see
-            # `_jit_entry`), which must then have traced this signature.
+            # `_jit_entry`): this call fills JAX's C++ cache with its signature.
             flattens = False
             speculation = Speculation(entry, len(pos))
             self._last[speculation.mode] = speculation
