@@ -21,16 +21,13 @@ committed arrays with `in_shardings` as HLO shardings, blind to which devices
 hold them, moving an array on another device order (or on one device, for a
 replicated annotation) instead of refusing it. Under `jax.no_tracing(True)`
 that path raises before it does anything, and the call goes the ordinary way,
-which checks each leaf with `is_equivalent_to` and names or moves it. The
-function of the `tree` jit also raises `Stale` if it is traced during a
-speculative call, in case some JAX path reaches it without that check. What
-JAX does not key its caches on is compared before speculating: the thread being
-outside any trace and `jax.disable_jit()`, the mesh of `jax.set_mesh`, the
-rules table and the mode (the last two are keyed on by JAX too).
+which checks each leaf with `is_equivalent_to` and names or moves it. What JAX
+does not key its caches on is compared before speculating: the thread being
+outside any trace and `jax.disable_jit()`, the mesh of `jax.set_mesh`, and the
+rules table (JAX keys on it too; comparing it here saves a miss). The caller
+keeps one speculation per mode.
 """
 
-import functools as ft
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,21 +37,10 @@ from . import _compat, _mesh, _rules
 from ._config import mode_reader
 
 
-# After this many speculative calls in a row that failed (stale, as when the
-# signature alternates between calls, or refused by JAX, as when an argument is
-# placed otherwise each time and `reshard_inputs=True` moves it), the function
-# is no longer called speculatively.
+# After this many speculative calls in a row that JAX's C++ cache could not
+# answer (as when the signature alternates between calls), the function is no
+# longer called speculatively.
 STALE_LIMIT = 8
-
-
-class Stale(Exception):
-    """Raised where a speculative call would trace: the entry does not fit it."""
-
-
-class Flag(threading.local):
-    """Per thread: whether a speculative call is under way."""
-
-    on = False
 
 
 class Entry:
@@ -84,15 +70,7 @@ class Entry:
 
     def tree(self) -> Any:
         if self._tree is None:
-            fun, speculating = self._owner._fun, self._owner._speculating
-
-            @ft.wraps(fun)
-            def traced(*args: Any, **kwargs: Any) -> Any:
-                if speculating.on:  # a signature no ordinary call derived: stop
-                    raise Stale
-                return fun(*args, **kwargs)
-
-            self._tree = self._owner._make(traced, **self._kwargs)
+            self._tree = self._owner._make(self._owner._fun, **self._kwargs)
         return self._tree
 
     def flat(self) -> Any:
@@ -115,7 +93,7 @@ class Entry:
 class Speculation:
     """The entry the last ordinary call went through, with what JAX's caches do
     not key on (`jax.set_mesh`'s mesh) or what is cheaper to compare here than to
-    find stale there (rules, mode), as they were then."""
+    miss there (rules), as they were then, and the mode it was made in."""
 
     __slots__ = ("entry", "count", "mesh", "rules", "mode")
 
@@ -128,20 +106,18 @@ class Speculation:
     def fits(self, args: tuple) -> bool:
         """Whether a call with these positional arguments (and no keyword ones)
         may be made speculatively: outside any trace (a traced call takes the
-        function unconstrained) and `jax.disable_jit()`, with the same mesh,
-        rules and mode."""
+        function unconstrained) and `jax.disable_jit()`, with the same mesh and
+        rules (the caller looks it up by mode)."""
         return (
             len(args) == self.count
             and _compat.top_level()
             and not _compat.jit_disabled()  # `fun` would run eagerly
             and _mesh.set_concrete_mesh() is self.mesh
             and _rules.current() is self.rules
-            and mode_reader.value == self.mode
         )
 
-    def call(self, args: tuple, flag: Flag) -> Any:
+    def call(self, args: tuple) -> Any:
         jitted = self.entry.tree()
-        flag.on = True
         try:
             # Only JAX's C++ cache may answer: on a miss its Python path would
             # compare committed arguments with `in_shardings` as HLO shardings,
@@ -158,8 +134,6 @@ class Speculation:
             # so that the ordinary way's call of this jit fills it properly.
             jitted._clear_cache()
             raise
-        finally:
-            flag.on = False
 
 
 def flat_function(fun: Callable, layout: tuple) -> Callable:

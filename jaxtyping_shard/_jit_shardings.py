@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from . import _bridge, _hints, _mesh, _rules, _spec, _tree
 from ._config import mode_reader
 from ._errors import ShardingTypeCheckError
-from ._jit_entry import Entry, Flag, flat_leaves, Speculation, STALE_LIMIT
+from ._jit_entry import Entry, flat_leaves, Speculation, STALE_LIMIT
 from ._place import parameter_hint
 
 
@@ -91,7 +91,6 @@ class AnnotatedJit:
         # entry the last ordinary call went through, see `_jit_entry`.
         self._last: dict[str, Speculation] = {}
         self._stale = 0  # speculative calls failed in a row
-        self._speculating = Flag()
         self._name = getattr(fun, "__qualname__", None) or repr(fun)
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
@@ -103,8 +102,8 @@ class AnnotatedJit:
             # `_jit_entry`). Anything it refuses goes the ordinary way below,
             # which names a mismatched argument or moves it.
             try:
-                out = last.call(args, self._speculating)
-            except Exception:  # a miss of JAX's C++ cache, or `Stale`
+                out = last.call(args)
+            except Exception:  # JAX's C++ cache missed (or the call failed)
                 self._stale += 1
                 self._last.pop(last.mode, None)
                 if self._stale >= STALE_LIMIT:

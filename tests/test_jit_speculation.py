@@ -137,16 +137,16 @@ def test_a_new_shape_is_derived_and_traced_once(mesh, monkeypatch):
     with jax.set_mesh(mesh):
         f(m, x)
         f(m, x)
-        out = f(m, big)  # stale: the entry of (8, 4) never traces (16, 4)
+        out = f(m, big)  # a miss: the entry of (8, 4) never traces (16, 4)
         assert out.shape == (16, 2)
         np.testing.assert_allclose(np.asarray(out), _want(m, big), rtol=1e-6)
         f(m, big)
-        f(m, x)  # stale again, on the entry of (16, 4)
+        f(m, x)  # a miss again, on the entry of (16, 4)
         f(m, x)
         assert ordinary.count == 3
         assert f._stale == 0  # the last call was speculative again
-        # One trace per shape: a stale call stops before the function runs, and
-        # what it leaves in JAX's caches sends that signature back to Python.
+        # One trace per shape: a speculative call JAX's C++ cache cannot answer
+        # stops before JAX traces, compares or moves anything.
         assert traces == [(8, 4), (16, 4)]
         bad = place(mesh, (16, 4), P())
         with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
@@ -284,7 +284,7 @@ def test_cleared_caches_after_warm_speculation(mesh, monkeypatch):
         f(m, x)
         f(m, x)
         jax.clear_caches()
-        out = f(m, x)  # stale (JAX would trace again), then derived: one miss
+        out = f(m, x)  # a miss (JAX would trace again), then derived
         np.testing.assert_allclose(np.asarray(out), _want(m, x), rtol=1e-6)
         f(m, x)
         assert ordinary.count == 2 and f._stale == 0
