@@ -166,7 +166,7 @@ def leaf_failures(
                 with _site.naming(function, argument, is_return, keys):
                     reason = _reason(checker, leaf)
             elif isinstance(leaf, jax.ShapeDtypeStruct):
-                reason = _abstract_reason(checker, leaf)
+                reason = _reason(checker, leaf, _abstract_reason)
             elif isinstance(leaf, checker):
                 continue
             else:
@@ -179,22 +179,23 @@ def leaf_failures(
     return failures
 
 
-def _reason(checker: Any, leaf: Any) -> str:
+def _reason(checker: Any, leaf: Any, one: Any = None) -> str:
+    """Why `leaf` fails `checker` ("" if it passes): `one(annotation, leaf)`,
+    by default the annotation's own `__instancecheck_str__`; a union passes if
+    one of its members does."""
+    check = one or (lambda annotation, value: annotation.__instancecheck_str__(value))
     members = _bridge.sharded_members(checker) if not hasattr(checker, "_jts") else ()
-    if members:  # a union: passes if one member does
-        reasons = [m.__instancecheck_str__(leaf) for m in members]
+    if members:
+        reasons = [check(m, leaf) for m in members]
         return "" if "" in reasons else reasons[0]
-    return checker.__instancecheck_str__(leaf)
+    return check(checker, leaf)
 
 
 def _abstract_reason(checker: Any, leaf: jax.ShapeDtypeStruct) -> str:
     """A `jax.ShapeDtypeStruct` (what `abstract` and `jax.eval_shape` give, what a
-    checkpoint is restored into) against an annotation: its dtype and shape as
-    jaxtyping checks an array's, then its `sharding` as a concrete array's."""
-    members = _bridge.sharded_members(checker) if not hasattr(checker, "_jts") else ()
-    if members:  # a union: passes if one member does
-        reasons = [_abstract_reason(m, leaf) for m in members]
-        return "" if "" in reasons else reasons[0]
+    checkpoint is restored into) against one annotation (see `_reason` for
+    unions): its dtype and shape as jaxtyping checks an array's, then its
+    `sharding` as a concrete array's."""
     dtype, dims = getattr(checker, "dtype", None), getattr(checker, "dim_str", None)
     if dtype is None or dims is None:  # not an array annotation
         return _reason(checker, leaf)

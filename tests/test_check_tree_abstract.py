@@ -145,3 +145,17 @@ def test_stacked_abstract_layers(mesh):
     jts.check_tree(tree, stacked={"w": ("data",)})
     with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\.w"):
         jts.check_tree(tree, stacked={"w": 1})  # one unsharded leading dim
+
+
+def test_a_union_passes_if_one_member_does(mesh):
+    class Either(eqx.Module):
+        v: Float[Array, "e", P("data")] | Float[Array, "e", P()]  # noqa: F821
+
+    for spec in (P("data"), P()):
+        jts.check_tree(Either(_sds((8,), jnp.float32, mesh, spec)))
+    for leaf in (
+        _sds((8,), jnp.float32, mesh, P("model")),
+        _sds((8,), jnp.int32, mesh, P()),
+    ):
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\.v"):
+            jts.check_tree(Either(leaf))
