@@ -5,11 +5,14 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import jaxtyping
+import numpy as np
 import typeguard
 from beartype import beartype
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import jaxtyped
 from typeguard import typechecked
+
+from jaxtyping_shard.pytest_plugin import make_mesh
 
 
 CHECKERS = ("beartype", "typeguard")
@@ -81,3 +84,19 @@ def fetched(x):
 
 
 __all__ = ["P", "CHECKERS", "CHECK_ERRORS", "make_identity", "make_binary", "place"]
+
+
+def mixed_mesh():
+    """A 4x2 mesh of the 8 devices, `data` Explicit and `model` Auto."""
+    devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
+    kinds = (AxisType.Explicit, AxisType.Auto)
+    return Mesh(devices, ("data", "model"), axis_types=kinds)
+
+
+# The 4x2 ("data", "model") meshes a feature claimed on every kind of axes is
+# tested on: `@pytest.fixture(params=list(MESHES))`.
+MESHES = {
+    "explicit": lambda: make_mesh((4, 2), ("data", "model"), "explicit"),
+    "auto": lambda: make_mesh((4, 2), ("data", "model"), "auto"),
+    "mixed": mixed_mesh,
+}

@@ -5,28 +5,15 @@ jaxtyping checks an array's, the `sharding` as a concrete array's."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float, Int
 from jaxtyping_shard.pytest_plugin import make_mesh
 
-
-def _mixed():
-    devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
-    return Mesh(
-        devices, ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto)
-    )
-
-
-MESHES = {
-    "explicit": lambda: make_mesh((4, 2), ("data", "model"), "explicit"),
-    "auto": lambda: make_mesh((4, 2), ("data", "model"), "auto"),
-    "mixed": _mixed,
-}
+from .helpers import MESHES
 
 
 @pytest.fixture(params=list(MESHES))

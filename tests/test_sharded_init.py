@@ -15,20 +15,8 @@ from typeguard import typechecked
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import _init, Float
-from jaxtyping_shard.pytest_plugin import make_mesh
 
-
-def _mixed():
-    devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
-    kinds = (AxisType.Explicit, AxisType.Auto)
-    return Mesh(devices, ("data", "model"), axis_types=kinds)
-
-
-MESHES = {
-    "explicit": lambda: make_mesh((4, 2), ("data", "model"), "explicit"),
-    "auto": lambda: make_mesh((4, 2), ("data", "model"), "auto"),
-    "mixed": _mixed,
-}
+from .helpers import MESHES
 
 
 @pytest.fixture(params=list(MESHES))

@@ -14,8 +14,8 @@ from jaxtyping import Array, jaxtyped
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 
-from .helpers import CHECK_ERRORS as CHECK_FAILURES
-from .test_sharded_init import _reference, _spec_is, MESHES
+from .helpers import CHECK_ERRORS as CHECK_FAILURES, MESHES
+from .test_sharded_init import _reference, _spec_is
 
 
 @pytest.fixture(params=list(MESHES))
