@@ -143,10 +143,15 @@ def test_donation_as_jax_jit_does_it():
         np.testing.assert_array_equal(np.asarray(f(x)), want)
         plain(y)
     assert x.is_deleted() == y.is_deleted()
-    # Warm (every argument committed: JAX's dispatch compares the shardings),
-    # then a mismatched argument is still named.
+    # Warm calls (speculative from the second: JAX's C++ dispatch, donating each
+    # time), then a mismatched argument is still named, and nothing donated.
     with jax.set_mesh(mesh):
-        f(place(mesh, (8, 4), P("data", None)))
+        for _ in range(3):
+            x = place(mesh, (8, 4), P("data", None))
+            want = 2 * np.asarray(x)
+            np.testing.assert_array_equal(np.asarray(f(x)), want)
+            assert x.is_deleted()
         wrong = place(mesh, (8, 4), P(None, "data"))
         with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
             f(wrong)
+        assert not wrong.is_deleted()  # a refused call donates nothing

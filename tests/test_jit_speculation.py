@@ -330,26 +330,6 @@ def test_static_and_keyword_arguments_after_warm_speculation(mesh):
             f(place(mesh, (8, 4), P()), 3.0)
 
 
-def test_donation_after_warm_speculation():
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-
-    @jaxtyped(typechecker=beartype)
-    def double(x: X) -> X:
-        return x * 2
-
-    f = jts.jit(double, in_shardings="annotations", donate_argnums=0)
-    with jax.set_mesh(mesh):
-        for _ in range(3):
-            x = place(mesh, (8, 4), P("data", None))
-            want = 2 * np.asarray(x)
-            np.testing.assert_array_equal(np.asarray(f(x)), want)
-            assert x.is_deleted()
-        kept = place(mesh, (8, 4), P(None, "data"))
-        with pytest.raises(jts.ShardingTypeCheckError, match="`x` is"):
-            f(kept)
-        assert not kept.is_deleted()  # a refused call donates nothing
-
-
 def test_threads_with_different_signatures(mesh):
     # Each thread's speculation is its own; a stale one in one thread never lets
     # another thread's wrong argument through.
