@@ -12,7 +12,7 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxtyping_shard import _init
+from jaxtyping_shard._drivers.init import sharded_init as _init
 
 
 def _fn(n: int) -> Any:

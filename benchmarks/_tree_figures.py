@@ -17,7 +17,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _boundary, _tree, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._drivers.jit import boundary as _boundary
+from jaxtyping_shard._trees import walk as _tree
 
 
 BLOCKS = 25  # four leaves each: 100 leaves

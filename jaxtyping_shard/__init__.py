@@ -4,42 +4,45 @@
 does, and the sharding too: on concrete arrays, inside `jit` and inside `shard_map`.
 """
 
-import importlib.metadata
-import typing
+import importlib.metadata as _metadata
+import typing as _typing
 
-from ._bridge import sharding_of as sharding_of, spec_of as spec_of
-from ._check_tree import check_tree as check_tree
-from ._config import get_mode as get_mode, set_mode as set_mode
-from ._errors import (
+from ._annotation.jaxtyped import jaxtyped as jaxtyped
+from ._core.errors import (
     PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
     ShardingWarning as ShardingWarning,
 )
-from ._explain import explain as explain, Explanation as Explanation
-from ._init import abstract as abstract, sharded_init as sharded_init
-from ._jaxtyped import jaxtyped as jaxtyped
-from ._jit import jit as jit, sharding_errors as sharding_errors
-from ._logical import Logical as Logical
-from ._place import (
+from ._core.modes import get_mode as get_mode, set_mode as set_mode
+from ._drivers.init.sharded_init import (
+    abstract as abstract,
+    sharded_init as sharded_init,
+)
+from ._drivers.jit.jit import jit as jit, sharding_errors as sharding_errors
+from ._drivers.place.place import (
     local_rows as local_rows,
     place as place,
     place_for as place_for,
 )
-from ._reshard import out_sharding as out_sharding, reshard as reshard
-from ._rules import (
+from ._drivers.reshard import out_sharding as out_sharding, reshard as reshard
+from ._drivers.shard_map import typed_shard_map as typed_shard_map
+from ._drivers.shardings import shardings as shardings
+from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
+from ._layout.logical import Logical as Logical
+from ._layout.spec import format_spec as format_spec
+from ._report.explain import explain as explain, Explanation as Explanation
+from ._rules.scope import (
     axis_rules as axis_rules,
     get_axis_rules as get_axis_rules,
     set_axis_rules as set_axis_rules,
 )
-from ._rules_table import AxisRules as AxisRules
-from ._shard_map import typed_shard_map as typed_shard_map
-from ._shardings import shardings as shardings
-from ._spec import format_spec as format_spec
+from ._rules.table import AxisRules as AxisRules
+from ._trees.check_tree import check_tree as check_tree
 
 
-if typing.TYPE_CHECKING:
-    from ._indirection import (
+if _typing.TYPE_CHECKING:
+    from ._annotation.indirection import (
         BFloat16 as BFloat16,
         Bool as Bool,
         Complex as Complex,
@@ -77,7 +80,7 @@ if typing.TYPE_CHECKING:
         UInt64 as UInt64,
     )
 else:
-    from ._annotation import (
+    from ._annotation.dtypes import (
         BFloat16 as BFloat16,
         Bool as Bool,
         Complex as Complex,
@@ -113,14 +116,33 @@ else:
         UInt32 as UInt32,
         UInt64 as UInt64,
     )
-    from ._tree_hint import Tree as Tree
+    from ._trees.tree_hint import Tree as Tree
 
-from ._typeguard import register as _register_with_typeguard
+from ._annotation.typeguard import register as _register_with_typeguard
 
 
 _register_with_typeguard()
 
 try:
-    __version__ = importlib.metadata.version("jaxtyping-shard")
-except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+    __version__ = _metadata.version("jaxtyping-shard")
+except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
     __version__ = "0+unknown"
+
+__all__ = [
+    "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
+    "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
+    "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
+    "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
+    "Logical", "Num", "PlacementError", "Real", "Shaped",
+    "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
+    "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64", "abstract",
+    "axis_rules", "check_tree", "explain", "format_spec", "get_axis_rules",
+    "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
+    "place_for", "reshard", "set_axis_rules", "set_mode", "sharded_init",
+    "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
+]  # fmt: skip
+
+
+def __dir__() -> list[str]:
+    # The public API only: not the private rooms, nor the modules imported above.
+    return sorted(__all__)

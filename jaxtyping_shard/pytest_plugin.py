@@ -87,7 +87,7 @@ def force_cpu_devices(count: int) -> str:
             os.environ.get("XLA_FLAGS", "") + f" {_FLAG}={count}"
         ).strip()
         return f"XLA_FLAGS {_FLAG}={count}"
-    import jax
+    import jax  # not at the top: JAX must load after XLA_FLAGS is set, above
 
     try:
         jax.config.update("jax_num_cpu_devices", count)
@@ -136,7 +136,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def _devices(count: int):
-    import jax
+    import jax  # not at the top: the plugin loads before the device count is set
 
     devices = jax.devices()
     if len(devices) < count:
@@ -158,10 +158,10 @@ def _devices(count: int):
 
 def make_mesh(shape, names, kind: str = "explicit"):
     """A mesh over the first devices, with all axes Explicit or all Auto."""
-    import math
+    import math  # these three: loaded with JAX, after the device count is set
 
-    import numpy as np
-    from jax.sharding import AxisType, Mesh
+    import numpy as np  # (see above)
+    from jax.sharding import AxisType, Mesh  # (see above)
 
     axis_type = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[kind]
     devices = _devices(math.prod(shape))

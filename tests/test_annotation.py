@@ -28,7 +28,7 @@ JAXTYPING_DTYPES = sorted(
 
 
 def test_every_jaxtyping_dtype_is_provided():
-    from jaxtyping_shard._annotation import DTYPE_NAMES
+    from jaxtyping_shard._annotation.dtypes import DTYPE_NAMES
 
     assert sorted(DTYPE_NAMES) == JAXTYPING_DTYPES
     for name in JAXTYPING_DTYPES:

@@ -11,7 +11,7 @@ from jaxtyping import Array, jaxtyped
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
-from jaxtyping_shard._logical import resolve
+from jaxtyping_shard._layout.resolve import resolve
 from jaxtyping_shard.pytest_plugin import make_mesh
 
 from .helpers import CHECK_ERRORS, no_transfers, place
@@ -247,7 +247,7 @@ def test_async_tasks_have_their_own_rules():
     assert got == [jts.AxisRules({"batch": "x"}), jts.AxisRules({"batch": "y"})]
     # The tasks exited in another order than they entered: nothing is left over
     # in JAX's cache key, which follows the process default again.
-    from jaxtyping_shard._rules import _jax_key
+    from jaxtyping_shard._rules.scope import _jax_key
 
     assert _jax_key.value is None
     with jts.set_axis_rules({"batch": "z"}):

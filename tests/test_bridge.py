@@ -90,7 +90,7 @@ def test_sharding_of_inside_jit_uses_the_abstract_mesh(mesh_explicit):
 def test_the_concrete_context_mesh_outside_jit_only(mesh_4x2):
     # `jax.sharding.get_mesh` (public since the supported floor, jax 0.8.1) gives
     # the `Mesh` that `jax.set_mesh` set outside `jit` and raises inside.
-    from jaxtyping_shard import _mesh
+    from jaxtyping_shard._core import mesh as _mesh
 
     assert _mesh.set_concrete_mesh() is None
     seen = []

@@ -166,7 +166,7 @@ def test_mode_read_by_the_check_is_the_keyed_one(mesh_auto):
 
 def test_fast_reader_reads_the_same_state():
     # `_config._fast_reader` reads JAX's state through a private attribute.
-    from jaxtyping_shard import _config
+    from jaxtyping_shard._core import modes as _config
 
     assert _config._fast_reader(_config.MODE._context) is not None
     with jts.set_mode("warn"):

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from packaging.requirements import Requirement
 
-from jaxtyping_shard import _compat
+from jaxtyping_shard._core import compat as _compat, mesh as _mesh
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +45,12 @@ def test_make_mesh_default_axis_type():
 
 def test_legacy_mesh_context():
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    assert _compat.legacy_context_mesh() is None
+    assert _mesh.legacy_context_mesh() is None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with mesh:
-            inside = _compat.legacy_context_mesh()
-    assert _compat.legacy_context_mesh() is None
+            inside = _mesh.legacy_context_mesh()
+    assert _mesh.legacy_context_mesh() is None
     assert inside is not None and dict(inside.shape) == {"data": 4, "model": 2}
     warned = any(issubclass(w.category, DeprecationWarning) for w in caught)
     assert warned == _compat.legacy_mesh_context_warns(), [str(w) for w in caught]

@@ -101,7 +101,7 @@ def test_export(mesh_auto):
 def test_empty_arrays_agree_with_eager(mesh_4x2, placed, spec, request):
     from jax.sharding import AxisType
 
-    from jaxtyping_shard import _compat
+    from jaxtyping_shard._core import compat as _compat
 
     if AxisType.Explicit in mesh_4x2.axis_types:
         request.applymarker(
@@ -176,7 +176,7 @@ def test_warn_mode_warns_in_the_calling_thread(mesh_auto):
 def test_internals_the_check_leans_on(mesh_auto):
     from jax._src import dispatch
 
-    from jaxtyping_shard import _compile_check, _primitive
+    from jaxtyping_shard._verdict import auto as _compile_check, primitive as _primitive
 
     # JAX gives the lowering its devices only for primitives in this set.
     assert _primitive.check_sharding_p in dispatch.prim_requires_devices_during_lowering

@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Shaped
 
-from jaxtyping_shard import _compat, Float, Int
+from jaxtyping_shard import Float, Int
+from jaxtyping_shard._core import compat as _compat
 
 from .helpers import CHECK_ERRORS, make_binary, make_identity, no_transfers, place
 

@@ -9,7 +9,8 @@ from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
-from jaxtyping_shard._notation import format_inline, parse_dims
+from jaxtyping_shard._layout.notation import format_inline, parse_dims
+from jaxtyping_shard._layout.spec import Layout
 
 from .helpers import CHECK_ERRORS, make_binary, make_identity, place
 from .test_eager import MATCHES, MISMATCHES
@@ -217,7 +218,7 @@ def test_parse_format_round_trip(case):
     plain, layout = parse_dims(text, "test")
     assert plain == " ".join(dims)
     assert layout is not None  # a layout that shards nothing is written `@()`
-    expected = jts._spec.Layout(prefix, suffix, "")  # normalised the same way
+    expected = Layout(prefix, suffix, "")  # normalised the same way
     assert (layout.prefix, layout.suffix) == (expected.prefix, expected.suffix)
     # and the annotation accepts it
     assert Float[Array, text]._jts == layout

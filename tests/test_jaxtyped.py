@@ -18,6 +18,7 @@ from typeguard import typechecked
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
+from jaxtyping_shard._annotation import typeguard as _typeguard
 
 from .helpers import fetched, no_transfers, place
 
@@ -207,10 +208,10 @@ def test_same_signature_and_forms(mesh_explicit):
 
 
 def test_typeguard_lookup_registered():
-    assert jts._typeguard.lookup in typeguard.checker_lookup_functions
-    assert jts._typeguard.lookup(A, (), ()) is not None
-    assert jts._typeguard.lookup(Float[Array, "b e"], (), ()) is None
-    assert jts._typeguard.lookup(int, (), ()) is None
+    assert _typeguard.lookup in typeguard.checker_lookup_functions
+    assert _typeguard.lookup(A, (), ()) is not None
+    assert _typeguard.lookup(Float[Array, "b e"], (), ()) is None
+    assert _typeguard.lookup(int, (), ()) is None
 
 
 def test_pytree_leaf_path_at_compile_time(mesh_auto):

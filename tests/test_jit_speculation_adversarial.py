@@ -16,7 +16,8 @@ from jax.sharding import AxisType, Mesh, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _jit_entry, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._drivers.jit import entry as _jit_entry
 
 from .helpers import place
 

@@ -9,7 +9,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _tree, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._trees import walk as _tree
 
 from .helpers import place
 

@@ -10,7 +10,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _compat, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._core import compat as _compat
 
 from .helpers import CHECK_ERRORS, make_identity, no_transfers, place
 

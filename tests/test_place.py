@@ -15,7 +15,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _rows, _verify, Float, Int
+from jaxtyping_shard import Float, Int
+from jaxtyping_shard._drivers.place import rows as _rows, verify as _verify
 
 
 Tokens = Int[Array, "batch seq", P("data", None)]

@@ -10,7 +10,7 @@ from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float, typed_shard_map
-from jaxtyping_shard._manual import in_spec_of
+from jaxtyping_shard._verdict.manual import in_spec_of
 
 from .helpers import CHECK_ERRORS, make_identity, no_transfers, place
 

@@ -14,7 +14,8 @@ from jaxtyping import Array, jaxtyped
 from typeguard import typechecked
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _init, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._drivers.init import sharded_init as _init
 
 from .helpers import MESHES
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxtyping_shard import _init, _lowering
+from jaxtyping_shard._drivers.init import lowering as _lowering, sharded_init as _init
 from jaxtyping_shard.pytest_plugin import make_mesh
 
 

@@ -16,7 +16,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, PyTree
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import _paths, _tree, Float
+from jaxtyping_shard import Float
+from jaxtyping_shard._trees import paths as _paths, walk as _tree
 
 
 W = Float[Array, "e m", P(None, "model")]

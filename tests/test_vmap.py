@@ -90,7 +90,7 @@ def test_nested_vmap(mesh):
 def test_batch_dim_sharded_over_a_mesh_axis(mesh, request):
     from jax.sharding import AxisType
 
-    from jaxtyping_shard import _compat
+    from jaxtyping_shard._core import compat as _compat
 
     if AxisType.Explicit in mesh.axis_types:
         request.applymarker(

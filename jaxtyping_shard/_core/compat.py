@@ -1,0 +1,139 @@
+"""Everything that differs between the supported JAX releases, in one place.
+
+Each function says which releases take which branch, and why. The supported range
+and what differs across it are listed in docs/compat.md; CI tests both ends.
+"""
+
+import importlib
+import re
+from typing import Any
+
+import jax
+from jax.sharding import AxisType
+
+
+# JAX-private state read below, each in one function that says why; a JAX
+# without one takes that function's fallback.
+try:
+    from jax._src.config import _check_vma
+except ImportError:  # pragma: no cover - a JAX without it
+    _check_vma = None
+try:
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX without it
+    _trace_state_clean = None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """`"0.12.0.1"` -> `(0, 12, 0, 1)`; a suffix such as `rc1` or `.dev` is dropped."""
+    match = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(int(p) for p in match.group().split(".")) if match else ()
+
+
+JAX_VERSION: tuple[int, ...] = _version(jax.__version__)
+
+
+def varying_axes(aval: Any) -> frozenset[str]:
+    """The manual mesh axes a value inside `shard_map` varies over (`{V:data}`).
+
+    JAX 0.10 moved them from `aval.vma` to `aval.manual_axis_type.varying`.
+    """
+    axis_type = getattr(aval, "manual_axis_type", None)
+    if axis_type is not None:  # JAX >= 0.10
+        return frozenset(axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()))  # JAX 0.8, 0.9
+
+
+def vma_tracked() -> bool:
+    """Whether JAX tracks varying axes here: `shard_map(..., check_vma=False)` turns
+    it off, and then every value looks invariant.
+
+    Read from JAX's private config state (no public API says it, in any supported
+    release); if it cannot be read, assume tracked.
+    """
+    if _check_vma is None:  # pragma: no cover - a JAX without it
+        return True
+    return bool(_check_vma.value)
+
+
+def legacy_mesh_context_warns() -> bool:
+    """Whether `with mesh:` emits a `DeprecationWarning` (JAX >= 0.10.1)."""
+    return JAX_VERSION >= (0, 10, 1)
+
+
+def make_mesh_default_axis_type() -> Any:
+    """The axis type `jax.make_mesh` gives when `axis_types` is not passed.
+
+    `Auto` in JAX 0.8 (which warns that the default will change), `Explicit` from
+    0.9. The two are checked at different times (trace time vs
+    compile time), so this library's examples and tests always pass `axis_types`.
+    """
+    return AxisType.Explicit if JAX_VERSION >= (0, 9) else AxisType.Auto
+
+
+def set_user_context_global(context: Any, value: Any) -> None:
+    """Sets the process-wide value of a `jax.make_user_context` context.
+
+    `UserConfig.set_global` is public from JAX 0.10.1; before, the same method is
+    reached on the JAX-private `Config` object behind it (`_obj`).
+    """
+    set_global = getattr(context, "set_global", None)
+    if set_global is not None:  # JAX >= 0.10.1
+        set_global(value)
+    else:
+        context._obj.set_global(value)
+
+
+def get_user_context_global(context: Any) -> Any:
+    """The process-wide value of a `jax.make_user_context` context.
+
+    `UserConfig.get_global` is public from JAX 0.10.1; before, the same method is
+    reached on the JAX-private `Config` object behind it (`_obj`).
+    """
+    get_global = getattr(context, "get_global", None)
+    if get_global is not None:  # JAX >= 0.10.1
+        return get_global()
+    return context._obj.get_global()
+
+
+def threefry_module() -> Any:
+    """The private module holding `threefry2x32_p` and its lowering rules.
+
+    `jax._src.random.threefry2x32` in newer JAX (0.10 has it); `jax._src.prng` in
+    older releases (0.8). Used only by `_lowering`, which explains why.
+    """
+    try:
+        return importlib.import_module("jax._src.random.threefry2x32")
+    except ImportError:  # older JAX
+        return importlib.import_module("jax._src.prng")
+
+
+def jit_handles_empty_explicit_arrays() -> bool:
+    """Whether `jax.jit` accepts an array with no elements sharded over Explicit
+    mesh axes: JAX 0.8 and 0.9 fail their own assertion ("Unexpected XLA sharding
+    override"), with or without this library; fixed by 0.10.2 (0.10.0 and 0.10.1
+    untested)."""
+    return JAX_VERSION >= (0, 10)
+
+
+def vmap_spmd_axis_name_on_explicit_axes() -> bool:
+    """Whether `jax.vmap(..., spmd_axis_name=a)` accepts inputs whose batch dim is
+    sharded over an Explicit axis `a`: JAX 0.8 refuses ("Only one of
+    spmd_axis_name or arrays sharded on `Explicit` mesh axis type is allowed")."""
+    return JAX_VERSION >= (0, 9)
+
+
+def top_level() -> bool:
+    """Whether no trace (`jit`, `grad`, `vmap`, ...) is under way in this thread.
+
+    JAX's private `core.trace_state_clean`, in every supported release (0.12 also
+    counts an empty trace context as clean). Without it, `False`: callers then
+    take their general path, which handles both cases."""
+    return _trace_state_clean is not None and _trace_state_clean()
+
+
+def jit_disabled() -> bool:
+    """Whether `jax.disable_jit()` is in force here (its thread-local value, else
+    the global one): the public `jax.config.jax_disable_jit`, which the type
+    stubs of `jax.config` do not declare, in every supported release."""
+    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]

@@ -1,0 +1,1 @@
+"""`sharded_init` and `abstract`: parameters created where they will live."""

@@ -1,0 +1,145 @@
+"""What `sharded_init` will create, decided before anything is compiled.
+
+From the abstract output tree (shapes and dtypes, no data) and the one tree walk
+(`_trees.walk.plan_for`), one `NamedSharding` per array leaf, through the bridge
+(`_layout.bridge.spec_for`, `named_sharding`). Every leaf that cannot be laid
+out as annotated (a dim its mesh axes do not divide, an axis the mesh lacks, a
+rank the annotation contradicts) is collected, and all of them are reported in
+one error, by key path, with the padded size that would fix a dim.
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ..._core import mesh as _mesh
+from ..._core.errors import ShardingAnnotationError
+from ..._layout import bridge as _bridge, spec as _spec
+from ..._layout.spec import has_sharding
+from ..._trees import paths as _paths, walk as _tree
+from ..._trees.stacked import stacked_prefixes, StackedSpec
+from .trace import is_array
+
+
+def _divisibility(
+    shape: tuple, spec: PartitionSpec, sizes: dict, dtype: Any
+) -> Optional[str]:
+    entries = _spec.entries_of(spec)
+    bad = []
+    padded = list(shape)
+    for dim, entry in enumerate(entries):
+        n = math.prod(sizes[a] for a in entry)
+        if n > 1 and shape[dim] % n:
+            padded[dim] = -(-shape[dim] // n) * n
+            axes = entry[0] if len(entry) == 1 else "(" + ",".join(entry) + ")"
+            bad.append(f"dim {dim} ({shape[dim]}) is not divisible by {axes}={n}")
+    if not bad:
+        return None
+    want = _spec.format_array(dtype, shape, entries)
+    return (
+        f"`{want}`: {'; '.join(bad)}. Pad it to "
+        f"{tuple(padded)} (round each such dim up to a multiple of its mesh axes' "
+        "size), or shard that dim over other axes."
+    )
+
+
+def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
+    names = set(mesh.axis_names)
+    return [a for entry in _spec.entries_of(spec) for a in entry if a not in names]
+
+
+def leaf_shardings(
+    abstract: Any,
+    mesh: Any,
+    annotations: Any,
+    rules: Any,
+    stacked: Optional[Mapping[str, StackedSpec]],
+    strict: bool,
+    what: str,
+) -> list[Optional[NamedSharding]]:
+    """One `NamedSharding` per leaf of `abstract` (`None` for non-array leaves).
+
+    Unannotated array leaves are replicated (an error if `strict`). Raises one
+    `ShardingAnnotationError` listing every leaf that cannot be laid out.
+    """
+    leaves, plan = _tree.plan_for(abstract, annotations, rules)
+    leads = stacked_prefixes(plan.paths, stacked)
+    sizes = _mesh.sizes(mesh)
+    problems: list[str] = []
+    unannotated: list[str] = []
+    out: list[Optional[NamedSharding]] = []
+    rows = zip(leaves, plan.annotations, plan.paths, leads)
+    for leaf, annotation, path, lead in rows:
+        name = "output" + jax.tree_util.keystr(path)
+        if not is_array(leaf):
+            out.append(None)
+            continue
+        shape = tuple(leaf.shape)
+        if not has_sharding(annotation):
+            if lead:
+                problems.append(
+                    f"  {name}: declared stacked, but its annotation has no sharding"
+                )
+            elif strict:
+                unannotated.append(name)
+            out.append(NamedSharding(mesh, PartitionSpec()))
+            continue
+        if len(lead) > len(shape):
+            problems.append(f"  {name}: rank {len(shape)}, fewer dims than stacked")
+            out.append(None)
+            continue
+        try:
+            inner = _bridge.spec_for(
+                annotation,
+                len(shape) - len(lead),
+                name,
+                shape=shape[len(lead) :],
+                mesh=mesh,  # logical annotations resolve here, with the rules in force
+            )
+        except ShardingAnnotationError as error:
+            fixed = _bridge.fixed_rank(annotation)
+            extra = len(shape) - fixed if fixed is not None and not lead else 0
+            declared = {_paths.rule_path(path): extra}
+            hint = (
+                " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
+                f"extra leading dims: `stacked={declared!r}`."
+                if extra > 0
+                else ""
+            )
+            problems.append(f"  {error}{hint}")
+            out.append(None)
+            continue
+        spec = PartitionSpec(*lead, *inner)
+        missing = _missing_axes(spec, mesh)
+        if missing:
+            axes = ", ".join(repr(a) for a in mesh.axis_names)
+            problems.append(
+                f"  {name}: {_bridge.describe(annotation)} names mesh axis "
+                f"{missing[0]!r}, which the mesh {_mesh.format_mesh(mesh)} lacks "
+                f"(axes {axes}). Fix the axis name, or pass the mesh you meant."
+            )
+            out.append(None)
+            continue
+        bad = _divisibility(shape, spec, sizes, leaf.dtype)
+        if bad:
+            problems.append(f"  {name}: {bad}")
+            out.append(None)
+            continue
+        out.append(NamedSharding(mesh, spec))
+    if unannotated:
+        problems.append(
+            "  unannotated (strict=True): "
+            + ", ".join(unannotated)
+            + ". Annotate them (field annotations, `annotations=` or `rules=`), or "
+            "pass strict=False to replicate them."
+        )
+    if problems:
+        raise ShardingAnnotationError(
+            f"{what}: {len(problems)} leaf/leaves cannot be created as annotated "
+            f"on the mesh {_mesh.format_mesh(mesh)} (found before compiling):\n"
+            + "\n".join(problems)
+        )
+    return out

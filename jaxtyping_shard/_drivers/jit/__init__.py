@@ -1,0 +1,1 @@
+"""`jaxtyping_shard.jit`: boundary checks, and `jit`'s shardings from annotations."""

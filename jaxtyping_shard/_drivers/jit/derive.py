@@ -1,0 +1,348 @@
+"""`jaxtyping_shard.jit(f, in_shardings="annotations", out_shardings="annotations")`.
+
+`jit`'s shardings read off `f`'s signature, through the one tree walk (leaf
+annotations, annotation trees, module and dataclass fields) and the one
+annotation -> `NamedSharding` path of `_bridge`. A leaf without a sharding stays
+unspecified (JAX chooses), never replicated. The shardings depend on the
+arguments' tree structures and ranks and on the mesh, so they are derived per
+call signature and the jitted function is made per derived set (cached).
+
+A committed argument whose sharding differs from its annotation is refused with
+a `ShardingTypeCheckError` naming the argument path, before JAX's generic
+"Sharding passed to jit does not match"; `reshard_inputs=True` moves it instead.
+
+A call first tries the entry of the previous call (`_jit_entry.Speculation`):
+with the same signature, JAX's C++ dispatch runs it with no Python work here, as
+for plain `jax.jit`. Otherwise the signature is derived here (bound, flattened,
+keyed) and, while each call's sharded leaves are all committed arrays, called
+through the entry's `jit` of the function itself (`Entry.tree`), ready for the
+next call to go straight to it. Other calls go through a `jit` of the function
+over its arguments' flat leaves (`Entry.flat`): the tree was flattened here
+already to find the signature, and JAX flattening a tuple of arrays is C++ only,
+where flattening an Equinox module again would run its Python flatten per call.
+`lower`, `trace` and `eval_shape` use the tree jit, so their results take the
+arguments as the caller wrote them.
+"""
+
+import functools as ft
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.core import Tracer
+
+from ..._core.modes import mode_reader
+from ..._layout import bridge as _bridge
+from ..._layout.spec import has_sharding
+from ..._rules import scope as _rules
+from ..._trees import hints as _hints, walk as _tree
+from ..._trees.signature import parameter_hint
+from . import arguments as _arguments
+from .entry import Entry, flat_leaves, Speculation, STALE_LIMIT
+
+
+ANNOTATIONS = "annotations"
+_CACHE_LIMIT = 256
+_P = inspect.Parameter
+
+
+def uses_annotations(jit_kwargs: dict) -> bool:
+    """Whether `jit`'s keyword arguments ask for shardings from annotations."""
+    return "reshard_inputs" in jit_kwargs or any(
+        isinstance(jit_kwargs.get(k), str) for k in ("in_shardings", "out_shardings")
+    )
+
+
+class AnnotatedJit:
+    """`make(fun, **jit_kwargs)` (`jax.jit`) per derived sharding set, called."""
+
+    def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
+        kwargs = dict(jit_kwargs)
+        self._reshard = bool(kwargs.pop("reshard_inputs", False))
+        for key in ("in_shardings", "out_shardings"):
+            value = kwargs.get(key)
+            if isinstance(value, str) and value != ANNOTATIONS:
+                raise ValueError(
+                    f"{key}={value!r}: the only string accepted is "
+                    f"{ANNOTATIONS!r} (shardings read off the signature)."
+                )
+        self._derive_in = kwargs.get("in_shardings") == ANNOTATIONS
+        self._derive_out = kwargs.get("out_shardings") == ANNOTATIONS
+        if self._reshard and not self._derive_in:
+            raise ValueError(
+                "reshard_inputs=True needs in_shardings='annotations': it moves "
+                "arguments to the shardings their annotations ask for."
+            )
+        for key in ("in_shardings", "out_shardings"):
+            if kwargs.get(key) == ANNOTATIONS:
+                del kwargs[key]
+        self._fun, self._kwargs, self._make = fun, kwargs, make
+        self._sig = inspect.signature(fun)
+        self._static_nums, self._static_names = _arguments.statics(self._sig, kwargs)
+        self._shape_jit = jax.jit(
+            fun,
+            static_argnums=tuple(self._static_nums),
+            static_argnames=tuple(self._static_names),
+        )
+        self._plain = make(fun, **kwargs)  # inside another trace
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+        # Per mode (a loop may time a step with checks on and off in turn): the
+        # entry the last ordinary call went through, see `_jit_entry`.
+        self._last: dict[str, Speculation] = {}
+        self._stale = 0  # speculative calls failed in a row
+        self._name = getattr(fun, "__qualname__", None) or repr(fun)
+        self.__wrapped__ = fun
+        ft.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self._last.get(mode_reader.value)
+        if last is not None and not kwargs and last.fits(args):
+            # The steady state: the last call's entry, JAX's C++ dispatch (see
+            # `_jit_entry`). Anything it refuses goes the ordinary way below,
+            # which names a mismatched argument or moves it.
+            try:
+                out = last.call(args)
+            except Exception:  # JAX's C++ cache missed (or the call failed)
+                self._stale += 1
+                self._last.pop(last.mode, None)
+                if self._stale >= STALE_LIMIT:
+                    self._last.clear()
+            else:
+                self._stale = 0
+                return out
+        inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
+        if slow is None:
+            return inner(*pos, **kw)
+        # Every sharded leaf committed, with the shardings (part of the key) the
+        # signature was derived and checked for, nothing moved then: JAX's own
+        # dispatch runs it. Only when the call fails does the per-leaf loop run,
+        # to name a mismatched argument (JAX's "Sharding passed to jit" error, or on an
+        # Explicit mesh a check failing in the retrace it causes) or to move it
+        # (`reshard_inputs=True`); no mismatch there: the call's own error.
+        try:
+            return inner(*pos, **kw)
+        except Exception as error:
+            failure = error
+        checked = slow()
+        if len(checked) == len(pos) and all(a is b for a, b in zip(checked, pos)):
+            raise failure
+        return inner(*checked, **kw)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        return inner.lower(*pos, **kw)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        return inner.trace(*pos, **kw)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        return inner.eval_shape(*pos, **kw)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self if instance is None else ft.partial(self, instance)
+
+    def __repr__(self) -> str:
+        return f"jaxtyping_shard.jit({self._fun!r}, shardings from annotations)"
+
+    # The derivation.
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[list, dict]:
+        """`[(name, value, is_static), ...]` positionally, and keyword-only ones."""
+        bound = self._sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        pos: list = []
+        kw: dict = {}
+        for i, (name, param) in enumerate(self._sig.parameters.items()):
+            value: Any = bound.arguments.get(name)
+            static = i in self._static_nums or name in self._static_names
+            if param.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
+                pos.append((name, value, static))
+            elif param.kind is _P.VAR_POSITIONAL:
+                pos.extend((f"{name}[{j}]", v, False) for j, v in enumerate(value))
+            elif param.kind is _P.KEYWORD_ONLY:
+                kw[name] = (value, static)
+            else:
+                kw.update((k, (v, k in self._static_names)) for k, v in value.items())
+        if self._derive_in:
+            dynamic = [k for k, (_, static) in kw.items() if not static]
+            if dynamic:
+                raise TypeError(
+                    f"{self._name}: keyword-only arguments {dynamic} cannot "
+                    "take in_shardings (jax.jit applies them to positional "
+                    "arguments only). Make them positional, or static."
+                )
+        return pos, {k: v for k, (v, _) in kw.items()}
+
+    def _hint(self, name: str) -> Any:
+        param = name.split("[", 1)[0]
+        if param not in self._sig.parameters:
+            return None
+        try:
+            return parameter_hint(self._fun, param, "jit")
+        except Exception:  # an unannotated parameter: unspecified
+            return None
+
+    def _prepare(
+        self, args: tuple, kwargs: dict, fast: bool = False, tree: bool = False
+    ) -> tuple:
+        """`(inner, positional values, keyword values, slow)`: `slow` is `None`, or,
+        when `fast` and every sharded leaf is committed, the per-leaf placement
+        and check, left for the caller to run if JAX refuses the arguments.
+
+        Unless `tree` (for `lower`, `trace`, `eval_shape`), a signature whose
+        shardings are all derived is called through a `jit` over its flat leaves
+        (`Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
+        second time (Equinox modules flatten in Python), and the values are those
+        flat leaves."""
+        pos, kw = self._bind(args, kwargs)
+        flat = [
+            None if static else jax.tree_util.tree_flatten(value)
+            for _, value, static in pos
+        ]
+        if any(
+            isinstance(leaf, Tracer) for f in flat if f is not None for leaf in f[0]
+        ):
+            # Inside another trace (jit, grad, vmap): the outer trace places the
+            # values; the function's own checks still run on them.
+            return self._plain, tuple(value for _, value, _ in pos), kw, None
+        mesh = _arguments.call_mesh(flat)
+        key = (
+            mesh,
+            _rules.current(),  # logical annotations resolve through the rules
+            tuple(
+                ("static", value)
+                if f is None
+                else (f[1], tuple(map(_arguments.leaf_key, f[0])))
+                for (_, value, _), f in zip(pos, flat)
+            ),
+            tuple(sorted((k, _arguments.hashable(v)) for k, v in kw.items())),
+        )
+        try:
+            entry = self._cache.get(key)
+        except TypeError:  # unhashable static values: derive again
+            entry, key = None, None
+        if entry is None:
+            jit_kwargs = dict(self._kwargs)
+            in_leaves = None
+            if self._derive_in:
+                in_leaves, jit_kwargs["in_shardings"] = self._in_shardings(
+                    pos, flat, mesh
+                )
+            values = self._place(pos, flat, in_leaves)
+            if self._derive_out:
+                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+            flattens = key is not None and self._flattens(kw)
+            # A signature whose committed arguments had to be moved (it is keyed
+            # on their shardings) is never left to JAX: it would move them
+            # silently, and JAX 0.10's dispatch, once it has moved an array from
+            # another device order, passes the next one unmoved and crashes.
+            moved = any(v is not given for v, (_, given, _) in zip(values, pos))
+            entry = Entry(
+                self,
+                jit_kwargs,
+                in_leaves,
+                _arguments.all_committed(flat, in_leaves) and not moved,
+                pos,
+                flat,
+                flattens,
+            )
+            if key is not None:
+                with self._lock:
+                    if len(self._cache) >= _CACHE_LIMIT:
+                        self._cache.clear()
+                    self._cache[key] = entry
+        else:
+            values = None
+        # The flat jit takes the non-static arguments' leaves; the tree jit the
+        # arguments as given (and the one for `lower`, `trace`, `eval_shape`).
+        flattens = entry.flattens and not tree
+        if (
+            fast
+            and key is not None
+            and entry.committed
+            and not kwargs
+            and not kw
+            and len(args) == len(pos)
+            and self._stale < STALE_LIMIT
+        ):
+            # The next call may go straight to this entry's tree jit (see
+            # `_jit_entry`): this call fills JAX's C++ cache with its signature.
+            flattens = False
+            speculation = Speculation(entry, len(pos))
+            self._last[speculation.mode] = speculation
+        inner = entry.flat() if flattens else entry.tree()
+
+        def pack(values: tuple) -> tuple:
+            return flat_leaves(values, pos, flat) if flattens else values
+
+        if values is None and fast and entry.committed:
+            given = tuple(value for _, value, _ in pos)
+            return (
+                inner,
+                pack(given),
+                kw,
+                (lambda: pack(self._place(pos, flat, entry.in_leaves))),
+            )
+        if values is None:
+            values = self._place(pos, flat, entry.in_leaves)
+        return inner, pack(values), kw, None
+
+    def _flattens(self, kw: dict) -> bool:
+        """Whether calls may go through the flat `jit`: every sharding derived, no
+        keyword arguments and no donation (whose argument numbers are the
+        caller's)."""
+        return (
+            self._derive_in
+            and not kw
+            and not any(k.startswith("donate") for k in self._kwargs)
+        )
+
+    def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
+        trees, in_leaves = [], []
+        for (name, value, _), f in zip(pos, flat):
+            if f is None:
+                in_leaves.append(None)
+                continue
+            leaves, plan = _tree.plan_for(value, self._hint(name))
+            out = [
+                _arguments.leaf_sharding(leaf, ann, mesh, self._name, name, path)
+                for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+            ]
+            in_leaves.append(out)
+            trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
+        return in_leaves, tuple(trees)
+
+    def _out_shardings(self, values: tuple, kw: dict, mesh: Any) -> Any:
+        hint = self._hint_return()
+        if hint is None:
+            return None
+        if _hints.leaf_annotation(hint) is not None and has_sharding(hint):
+            try:
+                spec = _bridge.spec_for(hint, None, f"{self._name} return")
+            except Exception:  # its rank depends on the value: trace for it
+                spec = None
+            if spec is not None:
+                return _bridge.named_sharding(spec, mesh, hint, "return value")
+        out = self._shape_jit.eval_shape(*values, **kw)
+        leaves, plan = _tree.plan_for(out, hint)
+        shardings = [
+            _arguments.leaf_sharding(leaf, ann, mesh, self._name, "return", path)
+            for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+        ]
+        return jax.tree_util.tree_unflatten(plan.treedef, shardings)
+
+    def _hint_return(self) -> Any:
+        try:
+            return parameter_hint(self._fun, "return", "jit")
+        except Exception:
+            return None
+
+    def _place(self, pos: list, flat: list, in_leaves: Any) -> tuple:
+        return _arguments.place_arguments(
+            self._name, pos, flat, in_leaves, self._reshard
+        )

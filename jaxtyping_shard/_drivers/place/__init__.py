@@ -1,0 +1,1 @@
+"""`place`, `place_for`, `local_rows`: host-local data laid out as annotated."""

@@ -1,0 +1,179 @@
+"""`reshard` and `out_sharding`: the annotation lays a value out, on any mesh.
+
+JAX offers three ways to move a value to a layout, each refusing the others'
+meshes: `jax.sharding.reshard` takes only `Explicit` axes,
+`jax.lax.with_sharding_constraint` only asserts on an all-`Explicit` mesh, and an
+op's `out_sharding=` refuses `Auto` axes. A program meant to run on both kinds of
+mesh would branch on the axis types at each such point; these two functions do
+it once, from an annotation resolved by the one path of `_bridge` (logical names
+through the rules in force).
+"""
+
+from typing import Any, Optional
+
+import jax
+from jax.core import Tracer
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
+from .._layout import bridge as _bridge
+from .._layout.spec import has_sharding
+from .._trees import hints as _hints, walk as _tree
+from .._verdict.constraints import remember
+
+
+def reshard(x: Any, annotation: Any = None) -> Any:
+    """`x` laid out as its annotation says, on an `Explicit`, `Auto` or mixed mesh.
+
+    The one call for the places where a program *means* to change a layout (the
+    all-gather of an FSDP weight before its matmul, the layout of a row-parallel
+    result), written with the annotation instead of a `PartitionSpec`:
+
+    | where `x` is | what is done |
+    | --- | --- |
+    | traced, `Explicit` mesh axes | `jax.sharding.reshard` (the type changes) |
+    | traced, `Auto` axes | `jax.lax.with_sharding_constraint` |
+    | traced, a mixed mesh | `reshard` (`Explicit` axes), then the constraint |
+    | a concrete array | `jax.device_put` |
+
+    It moves data on purpose, so it is no check: a wrong value is moved, not
+    reported. Check values where they are consumed (annotated parameters). On
+    `Auto` axes a check of a value `reshard` returned is decided at trace time,
+    as on `Explicit` axes (XLA keeps the constraint): the error names that value,
+    before the values XLA would propagate its layout to.
+
+    Its gradient is laid out as its input was: on `Explicit` axes JAX reshards
+    the cotangent back; on `Auto` axes it is constrained to the same layout as
+    the value. So `params = jts.reshard(params)` at the top of a loss function
+    (a no-op going forward) makes the gradients come back laid out as the
+    parameters, on either kind of mesh.
+
+    !!! Example
+
+        ```python
+        W = Float[Array, "embed mlp", jts.Logical]
+        Gathered = Float[Array, "embed mlp", jts.Logical("act_embed", "mlp")]
+
+        def mlp(x, w):  # w stored sharded over FSDP, gathered for the matmul
+            return x @ jts.reshard(w, Gathered)
+        ```
+
+    **Arguments:**
+
+    - `x`: an array, or a pytree of arrays.
+    - `annotation`: a sharded annotation (logical names resolve through the rules
+        in force), a `PartitionSpec` or a `NamedSharding`: for every leaf. Or,
+        for a tree, what [`jaxtyping_shard.shardings`][] takes as `annotations=`
+        (a type hint, an annotation tree); omitted, the annotations of the
+        tree's own fields. Leaves without a sharded annotation are left as
+        they are.
+
+    **Returns:**
+
+    `x` with the annotated layout.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] when the annotation has no
+    sharding or names an axis the mesh lacks, or the value is inside `shard_map`
+    (`Manual` axes); `ValueError` when no mesh is known.
+    """
+    if annotation is not None and (
+        isinstance(annotation, (PartitionSpec, NamedSharding))
+        or _hints.leaf_annotation(annotation) is not None
+    ):
+        return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
+    leaves, plan = _tree.plan_for(x, annotation)
+    out = [
+        leaf if not has_sharding(a) else _reshard_leaf(leaf, a)
+        for leaf, a in zip(leaves, plan.annotations)
+    ]
+    return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
+    """What an op's `out_sharding=` should get for a result annotated so.
+
+    On `Explicit` mesh axes JAX's ops need `out_sharding=` where a layout is
+    ambiguous (a matmul contracting a sharded dim, a gather from a sharded
+    index); on `Auto` axes they refuse it. This returns the annotation's
+    `PartitionSpec` on a mesh with `Explicit` axes (on a mixed mesh, with its
+    `Auto` axes left out), and `None` on an all-`Auto` mesh (XLA chooses: follow
+    with [`jaxtyping_shard.reshard`][] to constrain it). Call it under the mesh
+    (`jax.set_mesh`), as the op itself is.
+
+    !!! Example
+
+        ```python
+        y = jnp.einsum("bsm,me->bse", h, w_out, out_sharding=jts.out_sharding(Hidden))
+        ```
+
+    **Arguments:**
+
+    - `annotation`: as for [`jaxtyping_shard.reshard`][].
+    - `ndim`: the result's rank, when the dim string does not fix it.
+
+    **Returns:**
+
+    A `PartitionSpec`, or `None`.
+    """
+    mesh = _mesh.context_mesh()
+    if mesh is None:
+        return None
+    spec = _bridge.spec_for(annotation, ndim, "out_sharding", mesh=mesh)
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    if not explicit:
+        return None
+    return _only(spec, explicit)
+
+
+def _reshard_leaf(x: Any, annotation: Any) -> Any:
+    if not isinstance(x, Tracer):
+        mesh = _value_mesh(x)
+        spec = _bridge.spec_for(
+            annotation, x.ndim, "reshard", shape=tuple(x.shape), mesh=mesh
+        )
+        return jax.device_put(x, _bridge.named_sharding(spec, mesh, annotation))
+    aval = jax.typeof(x)
+    mesh = _mesh.of_aval(aval)
+    if mesh is None:
+        raise ValueError(
+            "reshard needs a mesh inside a trace: call it under `jax.set_mesh(mesh)`."
+        )
+    manual = _mesh.names_of_type(mesh, AxisType.Manual)
+    if manual:
+        raise ShardingAnnotationError(
+            f"reshard: the value is inside `shard_map` (manual axes "
+            f"{sorted(manual)}), where each device holds its own piece; lay values "
+            "out outside the `shard_map` body."
+        )
+    spec = _bridge.spec_for(
+        annotation, aval.ndim, "reshard", shape=tuple(aval.shape), mesh=mesh
+    )
+    _bridge.named_sharding(spec, mesh, annotation, "reshard")  # a missing axis
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    auto = _mesh.names_of_type(mesh, AxisType.Auto)
+    if explicit:
+        x = jax.sharding.reshard(x, _only(spec, explicit))
+    if auto:
+        x = jax.lax.with_sharding_constraint(x, _only(spec, auto) if explicit else spec)
+        remember(x, spec)
+    return x
+
+
+def _value_mesh(x: Any) -> Any:
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+        return sharding.mesh
+    return _bridge.resolve_mesh(None, "reshard")
+
+
+def _only(spec: PartitionSpec, keep: frozenset) -> PartitionSpec:
+    """`spec` with only the axes in `keep`: each API takes axes of its own type."""
+    entries = []
+    for entry in spec:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        kept = tuple(a for a in axes if a in keep)
+        entries.append(kept[0] if len(kept) == 1 else kept or None)
+    return PartitionSpec(*entries)

@@ -1,0 +1,99 @@
+"""`shardings(tree)`: the tree of `NamedSharding`s that a tree's annotations ask for."""
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import jax
+from jax.sharding import NamedSharding
+
+from .._layout import bridge as _bridge
+from .._layout.spec import has_sharding
+from .._trees import walk as _tree
+
+
+def shardings(
+    tree: Any,
+    mesh: Any = None,
+    *,
+    annotations: Any = None,
+    rules: Optional[Mapping[str, Any]] = None,
+) -> Any:
+    """The `NamedSharding` of every annotated leaf of a tree, read off annotations.
+
+    !!! Example
+
+        ```python
+        import dataclasses
+        import jax
+        import jax.numpy as jnp
+        import jaxtyping_shard as jts
+        from jax.sharding import AxisType, PartitionSpec as P
+        from jaxtyping import Array
+        from jaxtyping_shard import Float
+
+        @jax.tree_util.register_dataclass
+        @dataclasses.dataclass
+        class Dense:
+            w: Float[Array, "embed mlp", P(None, "model")]
+            b: Float[Array, "mlp@model"]
+
+        mesh = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(AxisType.Explicit,) * 2)
+        init = lambda: Dense(jnp.zeros((4, 8)), jnp.zeros(8))
+        abstract = jax.eval_shape(init)
+        params = jax.jit(init, out_shardings=jts.shardings(abstract, mesh))()
+        assert params.w.sharding.spec == P(None, "model")
+        ```
+
+    **Arguments:**
+
+    - `tree`: a pytree of arrays, or of `jax.ShapeDtypeStruct`s (the abstract tree
+        from `jax.eval_shape` / `eqx.filter_eval_shape`), holding dataclasses or
+        Equinox modules whose fields are annotated, plain containers, or both.
+    - `mesh`: the mesh of the shardings. Omitted: the context mesh
+        (`jax.set_mesh`); a leaf annotated with a `NamedSharding` keeps its own.
+    - `annotations`: annotations for leaves the fields do not annotate: a type
+        hint (`dict[str, Float[Array, "e m", P("data")]]`) or a tree that is a
+        prefix of `tree`, whose leaves are annotations, `PartitionSpec`s,
+        `NamedSharding`s or `None`. See [Trees and modules](trees.md).
+    - `rules`: a mapping from a path pattern (`"blocks/*/mlp/weight"`, `"**/bias"`)
+        to an annotation, `PartitionSpec`, `NamedSharding` or `None`. Strict: a
+        rule matching no leaf, or a leaf matched by two, is an error.
+
+    **Returns:**
+
+    A tree of the same structure with a `jax.sharding.NamedSharding` for every
+    leaf whose annotation has a sharding and `None` for the others, usable as
+    `jax.jit(out_shardings=...)`, `jax.device_put` and
+    `jax.make_array_from_process_local_data` targets.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] for a malformed annotation tree
+    or rule, an annotation naming a mesh axis the mesh lacks (the message names
+    the leaf), or field annotations that cannot be resolved.
+    """
+    leaves, plan = _tree.plan_for(tree, annotations, rules)
+    if mesh is None and any(
+        has_sharding(a) and not isinstance(a, NamedSharding) for a in plan.annotations
+    ):
+        mesh = _bridge.resolve_mesh(None, "shardings")
+    out = [
+        sharding_for_leaf(leaf, annotation, mesh, path)
+        for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths)
+    ]
+    return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def sharding_for_leaf(
+    leaf: Any, annotation: Any, mesh: Any, path: tuple
+) -> Optional[NamedSharding]:
+    """The sharding one leaf's annotation asks for, or `None` if it has none."""
+    if not has_sharding(annotation):
+        return None
+    if isinstance(annotation, NamedSharding) and mesh is None:
+        return annotation
+    where = "tree" + jax.tree_util.keystr(path)
+    shape = tuple(getattr(leaf, "shape", ()))
+    spec = _bridge.spec_for(annotation, len(shape), where, shape=shape, mesh=mesh)
+    return _bridge.named_sharding(spec, mesh, annotation, where)

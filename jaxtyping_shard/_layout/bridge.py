@@ -1,0 +1,258 @@
+"""From an annotation to a `PartitionSpec` and a `NamedSharding`: one path.
+
+Everything that turns an annotation into a spec (`spec_of`, `sharding_of`,
+`shardings`, `check_tree` for spec leaves, `typed_shard_map`) goes through
+`layout_of` (which layout does this annotation ask for?) and `spec_for` (that
+layout at a given rank, logical names resolved by `resolve` with the rules in
+force).
+"""
+
+import functools as ft
+from typing import Any, Optional, Union
+
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
+from .._rules.scope import current as _current_rules
+from . import resolve as _resolve, spec as _spec
+from .spec import LogicalLayout, sharded_members
+from .validate import validate_spec
+
+
+_EXAMPLE = (
+    "e.g. `Float[Array, \"batch embed\", P('data', None)]`, "
+    '`Float[Array, "batch@data embed"]`, a `PartitionSpec` or a `NamedSharding`'
+)
+
+
+def describe(annotation: Any) -> str:
+    """How an annotation is shown in messages."""
+    if isinstance(annotation, PartitionSpec):
+        return _spec.format_spec(annotation)
+    if isinstance(annotation, NamedSharding):
+        return f"NamedSharding(mesh {_mesh.format_mesh(annotation.mesh)}, " + (
+            f"{_spec.format_spec(annotation.spec)})"
+        )
+    return getattr(annotation, "__name__", None) or repr(annotation)
+
+
+def layout_of(annotation: Any, where: str = "") -> Union[_spec.Layout, LogicalLayout]:
+    """The layout an annotation asks for. THE one place annotations are read.
+
+    A logical annotation gives its `LogicalLayout`: `spec_for` resolves it.
+
+    Accepts a sharded annotation class (`Float[Array, "b e", P("data")]`), a union
+    of them with one layout (`Float[Array | np.ndarray, ...]`), a `PartitionSpec`
+    or a `NamedSharding` (its spec).
+    """
+    if isinstance(annotation, NamedSharding):
+        annotation = annotation.spec
+    if isinstance(annotation, PartitionSpec):
+        return _layout_of_spec(annotation)
+    members = sharded_members(annotation)
+    layouts = {m._jts for m in members}
+    if len(layouts) == 1:
+        return members[0]._jts
+    prefix = f"{where}: " if where else ""
+    if len(layouts) > 1:
+        raise ShardingAnnotationError(
+            f"{prefix}the union {describe(annotation)} holds several shardings, so "
+            "it names no single layout. Give one sharding for every member."
+        )
+    raise ShardingAnnotationError(
+        f"{prefix}{describe(annotation)} has no sharding, so it names no "
+        f"PartitionSpec. Annotate with a sharding, {_EXAMPLE}."
+    )
+
+
+@ft.lru_cache(maxsize=1024)
+def _layout_of_spec(spec: PartitionSpec) -> _spec.Layout:
+    entries = validate_spec(spec, _spec.format_spec(spec))
+    return _spec.Layout(entries, (), _spec.format_spec(spec))
+
+
+def fixed_rank(annotation: Any) -> Optional[int]:
+    """The rank the annotation's dim string fixes, or `None` if it is variadic."""
+    for member in sharded_members(annotation):
+        if member.index_variadic is None:
+            return len(member.dims)
+    return None
+
+
+def spec_for(
+    annotation: Any,
+    ndim: Optional[int],
+    where: str = "",
+    *,
+    shape: Optional[tuple] = None,
+    mesh: Any = None,
+) -> PartitionSpec:
+    """The annotation's spec for an array of rank `ndim`, one entry per dim.
+
+    `ndim=None` is allowed when the rank is known from the annotation (a dim
+    string without a variadic dim) or does not matter (nothing is sharded after a
+    variadic dim; the spec then covers the leading dims only).
+
+    A logical annotation is resolved here (`resolve.resolve`) with the rules in
+    force, against `mesh` when given (its axes and sizes) and `shape` when given
+    (fallback lists skip candidates that do not divide a dim; without a shape
+    they are chosen by rank only).
+    """
+    if isinstance(annotation, NamedSharding):
+        annotation = annotation.spec
+    layout = layout_of(annotation, where)
+    fixed = None if isinstance(annotation, PartitionSpec) else fixed_rank(annotation)
+    prefix = f"{where}: " if where else ""
+    if ndim is not None:
+        if not isinstance(ndim, int) or ndim < 0:
+            raise ValueError(f"{prefix}ndim must be a non-negative int, not {ndim!r}.")
+        if fixed is not None and ndim != fixed:
+            raise ShardingAnnotationError(
+                f"{prefix}{describe(annotation)} has {fixed} dims, but ndim={ndim}."
+            )
+        if ndim < layout.min_rank:
+            raise ShardingAnnotationError(
+                f"{prefix}{describe(annotation)} shards {layout.min_rank} dims, more "
+                f"than ndim={ndim}."
+            )
+    elif fixed is not None:
+        ndim = fixed
+    elif any(layout.suffix):
+        raise ShardingAnnotationError(
+            f"{prefix}{describe(annotation)} shards dims after a variadic dim, so "
+            "its spec depends on the array's rank: pass `ndim=`."
+        )
+    if ndim is None:
+        ndim = layout.min_rank
+        pad_to = len(layout.entries(ndim)) if isinstance(layout, _spec.Layout) else 0
+    else:
+        pad_to = ndim
+    if shape is not None and len(shape) != ndim:
+        shape = None
+    label = f"{where}: {describe(annotation)}" if where else describe(annotation)
+    entries = _resolve.resolve(layout, shape or ndim, mesh, _current_rules(), label)
+    entries = entries + ((),) * (pad_to - len(entries))
+    return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+
+
+def spec_of(annotation: Any, ndim: Optional[int] = None) -> PartitionSpec:
+    """The `PartitionSpec` an annotation asks for.
+
+    !!! Example
+
+        ```python
+        import jaxtyping_shard as jts
+        from jax.sharding import PartitionSpec as P
+        from jaxtyping import Array
+        from jaxtyping_shard import Float
+
+        assert jts.spec_of(Float[Array, "batch@data embed"]) == P("data", None)
+        assert jts.spec_of(Float[Array, "*lead seq@model"], ndim=3) == P(
+            None, None, "model"
+        )
+        ```
+
+    **Arguments:**
+
+    - `annotation`: a sharded annotation (`Float[Array, "b e", P("data", None)]`
+        or `Float[Array, "b@data e"]`), a `PartitionSpec`, or a `NamedSharding`.
+    - `ndim`: the array's rank. Needed only when the dim string shards dims after
+        a variadic dim (`"*lead seq@model"`).
+
+    **Returns:**
+
+    A `PartitionSpec` with one entry per dim when the rank is known (from the dim
+    string or `ndim`), else one per leading dim the annotation describes.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] when the annotation has no
+    sharding, when `ndim` is needed and missing, or when `ndim` contradicts the
+    dim string.
+    """
+    return spec_for(annotation, ndim, "spec_of")
+
+
+def sharding_of(
+    annotation: Any, mesh: Any = None, ndim: Optional[int] = None
+) -> NamedSharding:
+    """The `NamedSharding` an annotation asks for, on a mesh.
+
+    !!! Example
+
+        ```python
+        import jax
+        import jaxtyping_shard as jts
+        from jax.sharding import AxisType
+        from jaxtyping import Array
+        from jaxtyping_shard import Float
+
+        mesh = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(AxisType.Explicit,) * 2)
+        sharding = jts.sharding_of(Float[Array, "batch@data embed"], mesh)
+        x = jax.device_put(jax.numpy.zeros((8, 4)), sharding)
+        ```
+
+    **Arguments:**
+
+    - `annotation`: as for [`jaxtyping_shard.spec_of`][]. A `NamedSharding` is
+        returned as it is when `mesh` is omitted or is its mesh.
+    - `mesh`: a `jax.sharding.Mesh`. Omitted: the context mesh (`jax.set_mesh`),
+        which must then be a concrete mesh.
+    - `ndim`: as for [`jaxtyping_shard.spec_of`][].
+
+    **Returns:**
+
+    A `jax.sharding.NamedSharding`.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] as `spec_of` does, and when the
+    mesh lacks an axis the annotation names; `ValueError` when no mesh is given
+    or set.
+    """
+    if isinstance(annotation, NamedSharding) and (
+        mesh is None or mesh is annotation.mesh
+    ):
+        return annotation
+    if isinstance(layout_of(annotation, "sharding_of"), LogicalLayout):
+        mesh = resolve_mesh(mesh, "sharding_of")  # the rules are checked against it
+    spec = spec_for(annotation, ndim, "sharding_of", mesh=mesh)
+    return named_sharding(spec, mesh, annotation)
+
+
+def resolve_mesh(mesh: Any, what: str) -> Any:
+    """`mesh`, else the context mesh (concrete outside `jit`, abstract inside)."""
+    if mesh is not None:
+        return mesh
+    concrete = _mesh.set_concrete_mesh()
+    if concrete is not None:
+        return concrete
+    context = _mesh.context_mesh()
+    if context is not None:
+        return context
+    raise ValueError(
+        f"{what} needs a mesh: pass `mesh=`, or call it under `jax.set_mesh(mesh)`."
+    )
+
+
+def named_sharding(
+    spec: PartitionSpec, mesh: Any, annotation: Any, where: str = "sharding_of"
+) -> NamedSharding:
+    """`NamedSharding(mesh, spec)`, with an error naming a missing mesh axis."""
+    mesh = resolve_mesh(mesh, where)
+    names = set(mesh.axis_names)
+    for entry in spec:
+        for axis in (
+            () if entry is None else (entry,) if isinstance(entry, str) else entry
+        ):
+            if axis not in names:
+                axes = ", ".join(repr(a) for a in mesh.axis_names) or "none"
+                raise ShardingAnnotationError(
+                    f"{where}: {describe(annotation)} names mesh axis {axis!r}, but "
+                    "the mesh "
+                    f"{_mesh.format_mesh(mesh)} has axes {axes}. Fix the axis name "
+                    "in the annotation, or pass the mesh you meant."
+                )
+    return NamedSharding(mesh, spec)

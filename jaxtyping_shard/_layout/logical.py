@@ -1,0 +1,125 @@
+"""`Logical`: dims named logically, parsed into a `LogicalLayout`.
+
+`Float[Array, "batch seq embed", Logical]` names each dim's logical axis by its dim
+name; `Float[Array, "embed embed", Logical("embed", "embed_out")]` names them one
+by one and leaves the size names alone. Which mesh axes a logical name means is
+decided by the rules in force each time a value is checked (`resolve`).
+"""
+
+import re
+from typing import Any, Optional
+
+from .._core.errors import ShardingAnnotationError
+from .spec import is_variadic, LogicalLayout
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class _LogicalMeta(type):
+    def __repr__(cls) -> str:
+        return "Logical"
+
+
+class Logical(metaclass=_LogicalMeta):
+    """Marks an annotation's dims as logical axis names, resolved by the rules.
+
+    Bare, as the third argument, the dim names are the logical names:
+    `Float[Array, "batch seq embed", Logical]`. Called, it gives one logical name
+    per dim (or `None` for a dim never sharded) and leaves the dim names, which
+    bind sizes, alone: `Float[Array, "embed embed", Logical("embed", "embed_out")]`
+    is a square weight whose two dims are sharded by two different rules.
+
+    The mesh axes come from the rules in force when a value is checked (see
+    [`jaxtyping_shard.axis_rules`][]), never from the annotation.
+
+    !!! Example
+
+        ```python
+        from jaxtyping import Array
+        import jaxtyping_shard as jts
+        from jaxtyping_shard import Float
+
+        Activations = Float[Array, "batch seq embed", jts.Logical]
+        Square = Float[Array, "embed embed", jts.Logical("embed", "embed_out")]
+        ```
+    """
+
+    __slots__ = ("names",)
+
+    names: tuple[Optional[str], ...]
+
+    def __init__(self, *names: Optional[str]):
+        if not names:
+            raise ShardingAnnotationError(
+                "Logical() needs one logical name per dim, e.g. "
+                "Logical('embed', 'embed_out'); for the dim names themselves, write "
+                "the bare `Logical`."
+            )
+        for name in names:
+            if name is not None and not (
+                isinstance(name, str) and _IDENTIFIER.match(name)
+            ):
+                raise ShardingAnnotationError(
+                    f"Logical{names!r}: {name!r} is not a logical name; give an "
+                    "identifier such as 'embed', or None for a dim never sharded."
+                )
+        object.__setattr__(self, "names", tuple(names))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Logical is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Logical) and self.names == other.names
+
+    def __hash__(self) -> int:
+        return hash(("Logical", self.names))
+
+    def __repr__(self) -> str:
+        return f"Logical({', '.join(repr(n) for n in self.names)})"
+
+    def __reduce__(self) -> Any:
+        return (Logical, self.names)
+
+
+Logical.__module__ = "jaxtyping_shard"
+
+
+def is_logical(arg: Any) -> bool:
+    return arg is Logical or isinstance(arg, Logical)
+
+
+def _dim_name(dim: str) -> Optional[str]:
+    # jaxtyping's modifiers: `#` broadcastable, `_` unchecked, `?` (older) ...
+    name = dim.lstrip("#?_")
+    return name if _IDENTIFIER.match(name) else None  # `3`, `_`, `n+1`: unnamed
+
+
+def logical_layout(dim_str: str, marker: Any, where: str) -> LogicalLayout:
+    """Parses `Logical` / `Logical(...)` against a (plain) dim string."""
+    dims = dim_str.split()
+    variadic_at = next((i for i, d in enumerate(dims) if is_variadic(d)), None)
+    if marker is Logical:
+        names: list[Optional[str]] = [
+            None if i == variadic_at else _dim_name(d) for i, d in enumerate(dims)
+        ]
+        text = f"logical `{dim_str}`"
+    else:
+        if len(marker.names) != len(dims):
+            raise ShardingAnnotationError(
+                f"{where}: {marker!r} gives {len(marker.names)} logical names for "
+                f"the {len(dims)} dims of {dim_str!r}; give one per dim (None for a "
+                "dim never sharded)."
+            )
+        names = list(marker.names)
+        if variadic_at is not None and names[variadic_at] is not None:
+            raise ShardingAnnotationError(
+                f"{where}: {marker!r} names the variadic dim "
+                f"{dims[variadic_at]!r}, whose rank is not known; give None there."
+            )
+        text = f"{marker!r}"
+    if variadic_at is None:
+        return LogicalLayout(tuple(names), (), False, text)
+    prefix = tuple(names[:variadic_at])
+    suffix = tuple(names[variadic_at + 1 :])
+    return LogicalLayout(prefix, suffix, True, text)

@@ -1,0 +1,211 @@
+"""Resolution: the spec entries one array's annotation asks for, here and now.
+
+`resolve(layout, shape or rank, mesh, rules)` is the one function from a layout
+(physical or logical) to spec entries: a physical `Layout` gives its own; a
+`LogicalLayout` is resolved through an axis rules table (dict or Linen pairs,
+fallback lists, conflict policy), against the mesh's axes and sizes and, when
+known, the array's shape. Cached per (layout, shape, mesh axes, rules).
+"""
+
+import functools
+import math
+from typing import Any, Optional, Union
+
+from .._core.errors import ShardingAnnotationError
+from .._rules.table import AxisRules, Candidate, format_candidate
+from . import spec as _spec
+from .spec import LogicalLayout
+
+
+Shape = Union[tuple[int, ...], int]
+
+
+def resolve(
+    layout: Union[LogicalLayout, _spec.Layout],
+    shape: Shape,
+    mesh: Any,
+    rules: Optional[AxisRules],
+    where: str = "the type hint",
+) -> _spec.Entries:
+    """The spec entries of one array under a rules table: THE resolution.
+
+    **Arguments:**
+
+    - `layout`: an annotation's `_jts` (a physical `Layout` or a `LogicalLayout`).
+    - `shape`: the array's global shape; or its rank when the sizes are not known
+        (inside `shard_map`, where only local shapes are; an output's spec):
+        candidates are then chosen without the divisibility test.
+    - `mesh`: the mesh (anything with `axis_names` / `axis_sizes`), or `None`:
+        then the rules' mesh axes are not checked against a mesh.
+    - `rules`: the rules to use (callers pass those in force,
+        `_rules.scope.current()`); `None`: no rules, an error for a logical
+        layout.
+    - `where`: the annotation, for messages.
+
+    **Returns:** one entry per dim (a tuple of mesh axes, `()` for replicated).
+
+    **Raises:** `ShardingAnnotationError`: no rules, a name with no rule, a mesh
+    axis the mesh lacks, a conflict under `conflicts="error"`.
+    """
+    ndim = shape if isinstance(shape, int) else len(shape)
+    if isinstance(layout, _spec.Layout):
+        return layout.entries(ndim)
+    axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
+    return _resolve(layout, shape, axes, rules, where)
+
+
+def physical_layout(
+    layout: LogicalLayout,
+    shape: Shape,
+    mesh: Any,
+    rules: Optional[AxisRules],
+    where: str = "the type hint",
+) -> _spec.Layout:
+    """`resolve`, as a `_spec.Layout` whose text says where the spec came from."""
+    entries = resolve(layout, shape, mesh, rules, where)
+    ndim = shape if isinstance(shape, int) else len(shape)
+    names = [n for n in layout.names(ndim) if n is not None]
+    assert rules is not None  # resolve raised otherwise
+    text = (
+        f"{_spec.format_entries(entries)} (from {layout.text} by the axis rules "
+        f"{rules.describe(only=names)})"
+    )
+    return _spec.Layout(entries, (), text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(
+    layout: LogicalLayout,
+    shape: Shape,
+    axes: Optional[tuple[tuple[str, ...], tuple[int, ...]]],
+    rules: Optional[AxisRules],
+    where: str,
+) -> _spec.Entries:
+    ndim = shape if isinstance(shape, int) else len(shape)
+    names = layout.names(ndim)
+    named = [n for n in names if n is not None]
+    if rules is None:
+        example = ", ".join(f"{n!r}: ..." for n in dict.fromkeys(named)) or "..."
+        raise ShardingAnnotationError(
+            f"{where} names its dims logically ({layout.text}), but no axis rules "
+            f"are in force. Set them around the call, `with jts.axis_rules"
+            f"({{{example}}}):`, or for the process, `jts.set_axis_rules(...)`; a "
+            "rule maps a logical name to mesh axes, or to None to replicate."
+        )
+    unknown = [n for n in dict.fromkeys(named) if rules.candidates(n) is None]
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        raise ShardingAnnotationError(
+            f"{where}: no axis rule for logical name{'s' if len(unknown) > 1 else ''} "
+            f"{listed} ({layout.text}). The rules in force: {rules.describe()}. Add "
+            f"a rule for each: mesh axes to shard it, or None to replicate it on "
+            f"purpose (e.g. {{{', '.join(f'{n!r}: None' for n in unknown)}}})."
+        )
+    sizes = None if axes is None else dict(zip(*axes))
+    if sizes is not None:
+        _check_mesh_axes(named, rules, sizes, axes, where)
+    return _assign(names, shape, sizes, rules, layout, where)
+
+
+def _check_mesh_axes(named, rules, sizes, axes, where) -> None:
+    for name in dict.fromkeys(named):
+        for candidate in rules.candidates(name):
+            for axis in candidate:
+                if axis not in sizes:
+                    mesh_text = (
+                        "(" + ", ".join(f"{n!r}: {s}" for n, s in zip(*axes)) + ")"
+                    )
+                    raise ShardingAnnotationError(
+                        f"{where}: the axis rule {name!r} -> "
+                        f"{format_candidate(candidate)} names mesh axis {axis!r}, "
+                        f"but the mesh {mesh_text} has no such axis. Fix the rules "
+                        f"for this mesh (in force: {rules.describe()})."
+                    )
+
+
+def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
+    ndim = len(names)
+    known = None if isinstance(shape, int) or sizes is None else shape
+    entries: list[Optional[Candidate]] = [None if n else () for n in names]
+    holder: dict[str, int] = {}  # mesh axis -> the dim that holds it
+    # Per dim, each candidate refused: (candidate, why, the dim holding its axis).
+    tried: dict[int, list[tuple[Candidate, str, Optional[int]]]] = {
+        i: [] for i in range(ndim)
+    }
+
+    def attempt(i: int, candidate: Candidate, divide: bool) -> bool:
+        for axis in candidate:
+            if axis in holder:
+                k = holder[axis]
+                why = f"{axis!r} is taken by dim {k} (`{names[k]}`)"
+                tried[i].append((candidate, why, k))
+                return False
+        if divide and known is not None and sizes is not None:
+            n = math.prod(sizes[a] for a in candidate)
+            if known[i] % n:
+                why = f"its {n} shards do not divide dim {i}'s size {known[i]}"
+                tried[i].append((candidate, why, None))
+                return False
+        entries[i] = candidate
+        for axis in candidate:
+            holder[axis] = i
+        return True
+
+    fallback = rules.conflicts == "fallback"
+    if rules.linen:
+        # Flax Linen: the pairs in order of priority, each to the first dim of
+        # its name still unassigned.
+        for name, candidate in rules.pairs:
+            for i in range(ndim):
+                if names[i] == name and entries[i] is None:
+                    if attempt(i, candidate, fallback):
+                        break
+    else:
+        for i in range(ndim):
+            if entries[i] is None:
+                options = rules.candidates(names[i])
+                divide = fallback or len(options) > 1
+                for candidate in options:
+                    if attempt(i, candidate, divide):
+                        break
+    for i in range(ndim):
+        if entries[i] is None:
+            if rules.conflicts == "error":
+                raise ShardingAnnotationError(
+                    _conflict_message(i, names, tried[i], rules, layout, where)
+                )
+            entries[i] = ()
+    return tuple(e if e is not None else () for e in entries)
+
+
+def _conflict_message(i, names, tried, rules, layout, where) -> str:
+    name = names[i]
+    options = rules.candidates(name)
+    if len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
+        candidate, _, k = tried[0]
+        axes = " and ".join(repr(a) for a in candidate)
+        head = (
+            f"{where}: dims {k} (`{names[k]}`) and {i} (`{name}`) both resolve to "
+            f"mesh axis {axes} under the axis rules {rules.describe()}; a mesh axis "
+            "can shard at most one dim of an array."
+        )
+    else:
+        listed = "; ".join(f"{format_candidate(c)}: {why}" for c, why, _ in tried)
+        head = (
+            f"{where}: dim {i} (`{name}`) fits none of the candidates of its axis "
+            f"rule ({listed}) under the axis rules {rules.describe()}."
+        )
+    other = f"{name}_out" if not name.endswith("_out") else f"{name}2"
+    if layout.variadic:
+        renamed = f"..., {other!r}, ..."
+    else:
+        renamed = ", ".join(
+            repr(other) if j == i else repr(n) for j, n in enumerate(names)
+        )
+    return (
+        f"{head} Fixes: replicate the later dim with `jts.axis_rules(rules, "
+        f"conflicts='first')` (FSDP on a square weight); shard the dims by "
+        f"different rules without renaming the size names, "
+        f"`Logical({renamed})` with a rule for {other!r}; or give {name!r} a "
+        f"fallback list, e.g. {{{name!r}: [..., None]}}."
+    )

@@ -1,0 +1,1 @@
+"""What is told: `explain`'s table of shards and bytes per device."""

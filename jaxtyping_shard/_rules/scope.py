@@ -1,0 +1,194 @@
+"""Logical axis rules: which mesh axes each logical dim name is sharded over.
+
+A rules table maps logical names (`batch`, `embed`, `mlp`) to mesh axes. It is
+looked up when a value is checked, never when an annotation is written, so one
+model runs under FSDP, tensor-parallel or both by swapping the table. The table in
+force is scoped per thread and async context (`contextvars`), with a process-wide
+default under it; it is mirrored into a `jax.make_user_context` so that JAX's
+trace, lowering and compile caches are keyed on it too.
+
+The table itself (`AxisRules`) is parsed in `table.py`; resolution
+(`resolve`, in `_layout/resolve.py`) turns the logical names of one array's dims into
+spec entries.
+"""
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Optional, Union
+
+import jax
+from jax._src.config import config_ext  # JAX-private: see `_mirror_into_jax`
+
+from .._core import compat
+from .._core.errors import ShardingAnnotationError
+from .table import AxisRules, Conflicts
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+_scoped: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "jaxtyping_shard_axis_rules", default=_UNSET
+)
+_default: list[Optional[AxisRules]] = [None]  # process-wide, under every scope
+_default_lock = threading.Lock()
+
+# JAX keys its trace, lowering and compile caches on user contexts: a function
+# traced (and checked) under one rules table is traced again under another.
+# JAX's value is thread-local, ours per context; they differ only while async
+# tasks interleave different tables on one thread (see docs/logical.md).
+_jax_key = jax.make_user_context(None)
+
+
+def _mirror_into_jax() -> None:
+    """Writes the scoped rules of this context into JAX's thread-local key.
+
+    `jax.make_user_context` offers only a `with` block, which restores on exit the
+    value it found on entry; when async tasks interleave on one thread, that value
+    belongs to another task and would outlive every scope. So the value is written
+    from our contextvar on each enter and exit, through the `Config` object behind
+    the public `UserConfig` (`_obj`) and JAX's `unset` marker, both JAX-private
+    (tested by test_axis_rules.py::test_async_tasks_have_their_own_rules).
+    """
+    value = _scoped.get()
+    _jax_key._obj.set_local(config_ext.unset if value is _UNSET else value)
+
+
+def current() -> Optional[AxisRules]:
+    """The rules in force here: the innermost `axis_rules` scope, else the default."""
+    value = _scoped.get()
+    return _default[0] if value is _UNSET else value
+
+
+def _coerce(rules: Any, conflicts: Optional[Conflicts]) -> Optional[AxisRules]:
+    if rules is None:
+        if conflicts is not None:
+            raise ShardingAnnotationError(
+                "conflicts= needs a rules table; `axis_rules(None)` means no rules."
+            )
+        return None
+    if isinstance(rules, AxisRules) and conflicts is None:
+        return rules
+    return AxisRules(rules, conflicts=conflicts)
+
+
+@contextlib.contextmanager
+def axis_rules(
+    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None],
+    *,
+    conflicts: Optional[Conflicts] = None,
+) -> Iterator[Optional[AxisRules]]:
+    """Sets the logical axis rules inside a `with` block (this thread / task only).
+
+    Rules are read when a value is checked, so the same annotated model runs
+    under any table; checks, `jaxtyping_shard.jit` and JAX's own trace caches all
+    key on the table in force.
+
+    !!! Example
+
+        ```python
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        from jaxtyping import Array
+        import jaxtyping_shard as jts
+        from jaxtyping_shard import Float
+
+        mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"),
+                             axis_types=(AxisType.Explicit,) * 2)
+        W = Float[Array, "embed mlp", jts.Logical]
+        w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("fsdp", "tensor")))
+        with jts.axis_rules({"embed": "fsdp", "mlp": "tensor"}):
+            assert isinstance(w, W)
+        ```
+
+    **Arguments:**
+
+    - `rules`: a dict `{logical_name: mesh_axes}`, a Flax Linen-style list of
+        `(logical_name, mesh_axes)` pairs, an [`jaxtyping_shard.AxisRules`][], or
+        `None` for no rules inside the block. See [Logical axes](logical.md).
+    - `conflicts`: `"error"` (default), `"first"` or `"fallback"`: what happens
+        when two dims of one array want the same mesh axis.
+
+    **Returns:**
+
+    A context manager; `with ... as rules` gives the parsed `AxisRules`.
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingAnnotationError`][] for a malformed table.
+    """
+    parsed = _coerce(rules, conflicts)
+    token = _scoped.set(parsed)
+    _mirror_into_jax()
+    try:
+        yield parsed
+    finally:
+        _scoped.reset(token)
+        _mirror_into_jax()
+
+
+class _DefaultSetter:
+    """What `set_axis_rules` returns: already set; `with` restores the previous."""
+
+    def __init__(self, previous: Optional[AxisRules]):
+        self.previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _set_default(self.previous)
+
+    def __repr__(self) -> str:
+        return f"<jaxtyping_shard default axis rules {current()!r}>"
+
+
+def _set_default(rules: Optional[AxisRules]) -> None:
+    with _default_lock:
+        _default[0] = rules
+        compat.set_user_context_global(_jax_key, rules)
+
+
+def set_axis_rules(
+    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None],
+    *,
+    conflicts: Optional[Conflicts] = None,
+) -> contextlib.AbstractContextManager[None]:
+    """Sets the process-wide default logical axis rules (every thread).
+
+    An `axis_rules` block overrides it for its thread or task.
+
+    !!! Example
+
+        ```python
+        import jaxtyping_shard as jts
+
+        jts.set_axis_rules({"batch": "data", "embed": "fsdp"})   # from now on
+        with jts.set_axis_rules({"batch": "data", "embed": None}):  # for a block
+            ...
+        jts.set_axis_rules(None)                                  # no default
+        ```
+
+    **Arguments:** as for [`jaxtyping_shard.axis_rules`][]; `None` clears the
+    default.
+
+    **Returns:**
+
+    An object that, used as a context manager, restores the previous default.
+    """
+    parsed = _coerce(rules, conflicts)
+    with _default_lock:
+        previous = _default[0]
+    _set_default(parsed)
+    return _DefaultSetter(previous)
+
+
+def get_axis_rules() -> Optional[AxisRules]:
+    """The logical axis rules in force here (`None` if none are set)."""
+    return current()

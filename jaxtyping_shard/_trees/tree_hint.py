@@ -1,0 +1,99 @@
+"""`Tree[T]`: a parameter hint whose every leaf is checked, for `jaxtyped`.
+
+beartype and typeguard check a class hint (`model: Mlp`) with `isinstance`, which
+looks at the class only, never at the fields; they check one element of a
+`list[T]` and one value of a `dict[str, T]`. `Tree[Mlp]` is a class whose
+`isinstance` is `isinstance(x, Mlp)` plus `check_tree(x, Mlp)`: every leaf
+against its field annotation (or against the hint, for `Tree[dict[str, A]]`).
+Static type checkers see `Tree[T]` as `T` (see `_annotation.indirection`).
+"""
+
+import typing
+from typing import Any
+
+from .._core.errors import ShardingAnnotationError
+from .._core.modes import current_mode
+from . import check_tree as _check_tree, walk as _tree
+
+
+class _MetaTree(type):
+    _jts_hint: Any = None
+    _jts_class: Any = None
+
+    def __getitem__(cls, hint: Any) -> Any:
+        if cls._jts_hint is not None:
+            raise ShardingAnnotationError(f"{cls.__name__} is already subscripted.")
+        origin = typing.get_origin(hint) or hint
+        if not isinstance(origin, type):
+            raise ShardingAnnotationError(
+                f"Tree[...] takes a class or a generic alias such as `Mlp` or "
+                f"`dict[str, Float[Array, 'e m', P('data')]]`, not {hint!r}."
+            )
+        shown = getattr(hint, "__qualname__", None) or repr(hint)
+        name = f"Tree[{shown}]"
+        out = _MetaTree(name, (), {"_jts_hint": hint, "_jts_class": origin})
+        out.__module__ = "jaxtyping_shard"
+        return out
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return cls.__instancecheck_str__(obj) == ""
+
+    def __instancecheck_str__(cls, obj: Any) -> str:
+        if cls._jts_hint is None:
+            raise ShardingAnnotationError(
+                "Write `Tree[T]` with the class or type of the tree, e.g. `Tree[Mlp]`."
+            )
+        if not isinstance(obj, cls._jts_class):
+            kind = type(obj)
+            return (
+                f"this value is a {kind.__module__}.{kind.__qualname__}, not a "
+                f"{cls._jts_hint!r}"
+            )
+        if current_mode() == "off":
+            return ""
+        leaves, plan = _tree.plan_for(obj, cls._jts_hint)
+        checkers = _check_tree.checkers_of(plan)
+        failures = _check_tree.leaf_failures(
+            leaves, plan.paths, checkers, "", name_sites=False
+        )
+        if not failures:
+            return ""
+        total = sum(c is not None for c in checkers)
+        listed = "; ".join(f"`{path}`: {reason}" for path, reason in failures)
+        return f"{len(failures)} of its {total} checked leaves do not match: {listed}"
+
+    def __repr__(cls) -> str:
+        return f"jaxtyping_shard.{cls.__name__}"
+
+
+class Tree(metaclass=_MetaTree):
+    """A type hint for a whole tree, every leaf checked: `model: Tree[Mlp]`.
+
+    !!! Example
+
+        ```python
+        import dataclasses
+        import jax
+        import jax.numpy as jnp
+        import jaxtyping_shard as jts
+        from beartype import beartype
+        from jaxtyping import Array, jaxtyped
+        from jaxtyping_shard import Float
+
+        @jax.tree_util.register_dataclass
+        @dataclasses.dataclass
+        class Mlp:
+            w: Float[Array, "embed mlp@model"]
+
+        @jaxtyped(typechecker=beartype)
+        def apply(mlp: jts.Tree[Mlp], x: Float[Array, "b embed"]):
+            return x @ mlp.w
+        ```
+
+    `isinstance(x, Tree[T])` is `isinstance(x, T)` (the origin class for a generic
+    alias) and [`jaxtyping_shard.check_tree`][]`(x, T)`: every leaf, with the
+    annotations of the fields of the classes inside and of the type arguments
+    (`Tree[dict[str, Float[Array, "e m", P("data")]]]` checks every value).
+    beartype and typeguard call it like any class; static type checkers read
+    `Tree[T]` as `T`.
+    """

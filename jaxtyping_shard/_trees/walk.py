@@ -1,0 +1,301 @@
+"""The one tree walk: every leaf of a value tree, its key path and its annotation.
+
+Everything that works on whole trees (`check_tree`, `shardings`, the
+`jaxtyping_shard.jit` boundary checks, `typed_shard_map`'s pytree specs, and later
+sharded init, placement and jit shardings) asks this module, and only this
+module, which annotation applies to which leaf.
+
+Interface (reuse it unchanged):
+
+    leaves, plan = plan_for(tree, annotations=None, rules=None)
+
+- `tree`: any pytree of values: arrays, tracers, `jax.ShapeDtypeStruct`s (the
+  abstract trees of `jax.eval_shape` / `eqx.filter_eval_shape`), dicts, lists,
+  dataclasses registered with `jax.tree_util`, Equinox modules, NamedTuples.
+- `annotations`: `None` (only field annotations), a type hint (`MLP`,
+  `list[Block]`, `dict[str, Float[Array, "e m", P("data")]]`), or a tree that
+  is a prefix of `tree` whose leaves are annotations, `PartitionSpec`s,
+  `NamedSharding`s, type hints or `None` (nothing given there: field
+  annotations apply).
+- `rules`: `None` or a mapping from a path pattern to an annotation,
+  `PartitionSpec`, `NamedSharding` or `None` (unannotated on purpose).
+- Returns `leaves == jax.tree_util.tree_leaves(tree)` and a `Plan` with, for
+  leaf `i`, `plan.paths[i]` (its JAX key path) and `plan.annotations[i]` (the
+  annotation that applies, or `None`). `plan.treedef` is the tree's structure.
+  Plans are cached by (tree structure, annotations, rules); a warm call costs a
+  `tree_flatten` and a dict look-up. `plan.cache` is a dict where consumers
+  keep what they derive from a plan (per-leaf checkers, say), under their own
+  key, so that it too is computed once per structure.
+- `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
+- `paths.path_name(name, path)`: how a leaf is named in messages
+  (`model.blocks[1].mlp.w_in`).
+
+What a hint says about a leaf is read by `hints`; key paths and path patterns
+are `paths`'s; path rules are applied here (`apply_rules`).
+
+Which annotation applies to a leaf, from strongest to weakest: a rule that
+matches its path; the nearest enclosing entry of the annotation tree (a
+sharding there covers its whole subtree); type hints on the way down (the
+parameter's hint, `list[T]` gives `T` to each element, `dict[K, V]` gives `V`,
+`tuple[A, B]` by position, jaxtyping's `PyTree[T]` gives `T` to every leaf);
+field annotations of dataclasses, Equinox modules and NamedTuples, read with
+`typing.get_type_hints` from the value's own class.
+
+Rule patterns are matched against the leaf's path written with `/` between
+keys (`blocks/1/mlp/weight`); see `paths`.
+"""
+
+import collections.abc
+import dataclasses
+import threading
+import typing
+from typing import Any, NamedTuple, Optional
+
+import jax
+from jax.sharding import PartitionSpec
+from jax.tree_util import GetAttrKey
+
+from .._core.errors import ShardingAnnotationError
+from .._layout.spec import format_spec
+from .._layout.validate import validate_spec
+from . import hints as _hints, paths as _paths
+
+
+_SEQUENCES = (list, collections.abc.Sequence, collections.abc.MutableSequence)
+_MAPPINGS = (
+    dict,
+    collections.abc.Mapping,
+    collections.abc.MutableMapping,
+    collections.OrderedDict,
+    collections.defaultdict,
+)
+
+
+class Leaf(NamedTuple):
+    path: tuple  # JAX key path
+    value: Any
+    annotation: Any  # see `leaf_annotation`; None if nothing applies
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    treedef: Any
+    paths: tuple
+    annotations: tuple
+    # For consumers to keep what they derive from the plan (per-leaf checkers,
+    # shardings), under a key of their own.
+    cache: dict = dataclasses.field(default_factory=dict)
+
+
+def _children(node: Any) -> Optional[list]:
+    """`[(key, child), ...]` one level down, or `None` if `node` is a leaf."""
+    pairs, _ = jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=lambda x: x is not node
+    )
+    if len(pairs) == 1 and pairs[0][0] == ():
+        return None
+    return [(path[0], child) for path, child in pairs]
+
+
+class _Prefix(NamedTuple):
+    """A node of an annotation tree, matched against the value tree below it."""
+
+    node: Any
+
+
+def _is_array_hint(hint: Any) -> bool:
+    return _hints.leaf_annotation(hint) is not None
+
+
+def _child_hints(node: Any, kids: list, hint: Any, where: tuple) -> list:
+    """One hint per child of `node`, given the hint for `node` itself."""
+    if isinstance(hint, _Prefix):
+        if _hints.is_annotation_leaf(hint.node):
+            hint = hint.node  # None here means: nothing given, fields apply
+        else:
+            return _match_prefix(node, kids, hint.node, where)
+    hint = _hints.strip(hint)
+    if isinstance(hint, _hints.PyTreeMeta) or _is_array_hint(hint):
+        return [hint] * len(kids)  # applies to every leaf below
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is tuple and args:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return [args[0]] * len(kids)
+        if len(args) == len(kids):
+            return list(args)
+    elif origin in _SEQUENCES and args:
+        return [args[0]] * len(kids)
+    elif origin in _MAPPINGS and len(args) == 2:
+        return [args[1]] * len(kids)
+    elif origin in _hints.UNION_TYPES:
+        for member in typing.get_args(hint):
+            cls = typing.get_origin(member) or member
+            if isinstance(cls, type) and isinstance(node, cls):
+                return _child_hints(node, kids, member, where)
+    return _field_child_hints(node, kids)
+
+
+def _field_child_hints(node: Any, kids: list) -> list:
+    hints = _hints.field_hints(type(node)) if kids else {}
+    return [hints.get(k.name) if isinstance(k, GetAttrKey) else None for k, _ in kids]
+
+
+def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
+    ann_kids = _children(ann)
+    if ann_kids is None:  # pragma: no cover - is_annotation_leaf said otherwise
+        return [ann] * len(kids)
+    by_key = {_paths.key_id(k): child for k, child in ann_kids}
+    out = []
+    for (key, _), field_hint in zip(kids, _field_child_hints(node, kids)):
+        try:
+            given = by_key.pop(_paths.key_id(key))
+            # `None`: nothing given here, the field's own annotation applies.
+            out.append(field_hint if given is None else _Prefix(given))
+        except KeyError:
+            raise ShardingAnnotationError(
+                f"The annotation tree is not a prefix of the value's tree: at "
+                f"`{jax.tree_util.keystr(where)}` the value has key "
+                f"`{jax.tree_util.keystr((key,))}`, the annotations "
+                f"{sorted(_paths.key_text(k) for k, _ in ann_kids)} do not. Give one "
+                "entry per key (`None` where nothing applies)."
+            ) from None
+    extra = [k for k, v in ann_kids if _paths.key_id(k) in by_key and v is not None]
+    if extra:
+        raise ShardingAnnotationError(
+            f"The annotation tree is not a prefix of the value's tree: at "
+            f"`{jax.tree_util.keystr(where)}` it has "
+            f"{', '.join('`' + jax.tree_util.keystr((k,)) + '`' for k in extra)}, "
+            "which the value lacks."
+        )
+    return out
+
+
+def _visit(node: Any, path: tuple, hint: Any, out: list) -> None:
+    kids = _children(node)
+    if kids is None:
+        if isinstance(hint, _Prefix):
+            if not _hints.is_annotation_leaf(hint.node):
+                raise ShardingAnnotationError(
+                    f"The annotation tree is not a prefix of the value's tree: at "
+                    f"`{jax.tree_util.keystr(path)}` the value is a leaf but the "
+                    f"annotations hold a {type(hint.node).__name__}."
+                )
+            hint = hint.node
+        annotation = _checked_leaf(_hints.leaf_annotation(hint), path)
+        out.append((path, node, annotation))
+        return
+    for (key, child), child_hint in zip(kids, _child_hints(node, kids, hint, path)):
+        if child is not None:
+            _visit(child, (*path, key), child_hint, out)
+
+
+def _checked_leaf(annotation: Any, path: tuple) -> Any:
+    if isinstance(annotation, PartitionSpec):
+        validate_spec(annotation, format_spec(annotation))
+    return annotation
+
+
+# Plans.
+
+_plans: dict = {}
+_plans_lock = threading.Lock()
+_PLAN_LIMIT = 1024
+
+
+def _annotations_key(annotations: Any) -> Any:
+    if annotations is None or _hints.is_annotation_leaf(annotations):
+        return ("leaf", annotations)
+    leaves, treedef = jax.tree_util.tree_flatten(
+        annotations, is_leaf=_hints.is_annotation_leaf
+    )
+    return ("tree", treedef, tuple(leaves))
+
+
+def _rules_key(rules: Any) -> Any:
+    if rules is None:
+        return None
+    if isinstance(rules, collections.abc.Mapping):
+        return tuple(rules.items())
+    return id(rules)  # refused by _apply_rules
+
+
+def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> list:
+    """The walk itself, uncached: `[(path, leaf, annotation), ...]`."""
+    if annotations is not None:
+        if _hints.is_annotation_leaf(annotations):
+            _hints.validate_given(annotations, "annotations")
+        leaf = _hints.is_annotation_leaf(annotations)
+        hint = annotations if leaf else _Prefix(annotations)
+    else:
+        hint = None
+    items: list = []
+    _visit(tree, (), hint, items)
+    if rules is not None:
+        items = apply_rules(items, rules)
+    return items
+
+
+def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
+    """`(leaves, plan)`; see the module docstring."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    try:
+        key: Any = (treedef, _annotations_key(annotations), _rules_key(rules))
+        plan = _plans.get(key)
+    except (TypeError, ValueError):  # unhashable aux data or annotations
+        key, plan = None, None
+    if plan is None:
+        items = make_plan(tree, annotations, rules)
+        if len(items) != len(leaves):  # pragma: no cover - a walk bug
+            raise AssertionError("tree walk and tree_flatten disagree")
+        plan = Plan(
+            treedef, tuple(p for p, _, _ in items), tuple(a for _, _, a in items)
+        )
+        if key is not None:
+            with _plans_lock:
+                if len(_plans) >= _PLAN_LIMIT:
+                    _plans.clear()
+                _plans[key] = plan
+    return leaves, plan
+
+
+def walk(tree: Any, annotations: Any = None, rules: Any = None) -> list:
+    """Every leaf of `tree` as `Leaf(path, value, annotation)`, in flatten order."""
+    leaves, plan = plan_for(tree, annotations, rules)
+    return [Leaf(*x) for x in zip(plan.paths, leaves, plan.annotations)]
+
+
+def apply_rules(items: list, rules: Any) -> list:
+    if not isinstance(rules, collections.abc.Mapping):
+        raise ShardingAnnotationError(
+            f"rules must be a mapping from a path pattern to an annotation, not "
+            f"{type(rules).__name__}."
+        )
+    compiled = []
+    for pattern, value in rules.items():
+        _hints.validate_given(value, f"rule {pattern!r}")
+        compiled.append((pattern, _paths.compile_pattern(pattern), value))
+    used = {pattern: 0 for pattern, _, _ in compiled}
+    out = []
+    for path, leaf, annotation in items:
+        text = _paths.rule_path(path)
+        hits = [(p, v) for p, regex, v in compiled if regex.fullmatch(text)]
+        if len(hits) > 1:
+            raise ShardingAnnotationError(
+                f"The leaf `{text}` is matched by the rules "
+                f"{' and '.join(repr(p) for p, _ in hits)}; a leaf takes one rule. "
+                "Narrow the patterns."
+            )
+        if hits:
+            used[hits[0][0]] += 1
+            annotation = _hints.leaf_annotation(hits[0][1])
+        out.append((path, leaf, annotation))
+    unused = [p for p, n in used.items() if n == 0]
+    if unused:
+        sample = ", ".join(repr(_paths.rule_path(p)) for p, _, _ in items[:6])
+        raise ShardingAnnotationError(
+            f"The rules {', '.join(repr(p) for p in unused)} match no leaf. Paths "
+            f"look like {sample or '(no leaves)'}: keys joined with '/', `*` within "
+            "a key, `**` across keys."
+        )
+    return out

@@ -1,0 +1,72 @@
+"""What the verdicts share: comparing a layout with a sharding on a mesh.
+
+The predicates every path uses (eager, trace time, compile time) so that all
+reach the same verdict, and the fix every message ends with. `Sharding.
+is_equivalent_to` decides; specs are never compared with `==`.
+"""
+
+from typing import Any, Optional
+
+from jax.sharding import NamedSharding
+
+from .._core import mesh as _mesh
+
+
+FIX = (
+    "If the array is right and the annotation wrong, change the annotation; "
+    "otherwise place the array with "
+    "`jax.device_put(x, NamedSharding(mesh, spec))` or, inside `jit`, "
+    "`jax.sharding.reshard` / `jax.lax.with_sharding_constraint`."
+)
+
+
+def empty_fits(cls: Any, shape: Any) -> bool:
+    """An array with no elements has no layout: every annotation of its rank fits.
+
+    XLA reports such arrays as replicated whatever they were given, so this is the
+    one verdict that eager, trace-time and compile-time checks can all agree on.
+    """
+    return 0 in shape and not too_long(cls, len(shape))
+
+
+def missing_axes(cls: Any, mesh: Any) -> str:
+    """Why the spec cannot describe an array on `mesh`: it names an axis the mesh
+    lacks. Not an annotation error: inside a `Union`, an annotation for another
+    mesh simply does not match (and `isinstance` says False)."""
+    names = set(mesh.axis_names)
+    for axis in cls._jts.axes:
+        if axis not in names:
+            axes = ", ".join(repr(a) for a in mesh.axis_names) or "none"
+            return (
+                f"the type hint {cls._jts.text} names mesh axis {axis!r}, but "
+                f"the mesh {_mesh.format_mesh(mesh)} has axes {axes}. Fix the "
+                "axis name in the annotation, or check the array is placed on the "
+                "mesh you meant."
+            )
+    return ""
+
+
+def too_long(cls: Any, ndim: int) -> str:
+    if cls._jts.min_rank > ndim:
+        return (
+            f"this array has {ndim} dimensions, fewer than the "
+            f"{cls._jts.min_rank} sharded dims of {cls._jts.text} in the type hint"
+        )
+    return ""
+
+
+def shards_nothing(cls: Any, mesh: Optional[Any]) -> bool:
+    if not cls._jts.axes:
+        return True
+    if mesh is None:
+        return False
+    sizes = _mesh.sizes(mesh)
+    return all(sizes.get(a, 1) == 1 for a in cls._jts.axes)
+
+
+def equivalent(cls: Any, mesh: Any, sharding: Any, ndim: int) -> bool:
+    """JAX's verdict: is `sharding` the annotation's spec on `mesh`?"""
+    expected = NamedSharding(
+        mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
+    )
+    return expected.is_equivalent_to(sharding, ndim)

@@ -1,0 +1,298 @@
+"""`jts_check_sharding`: the compile-time check (Auto mesh axes) as a primitive.
+
+A primitive of our own, rather than `jax.debug.inspect_array_sharding`, because the
+check must follow JAX's transformations:
+
+- `vmap`: the batching rule records which dims of the batched value are batch
+  dims, and the verdict compares the annotation with the sharding XLA chose minus
+  those dims (as the Explicit path does, from the per-example type);
+- `jvp` / `grad` / `linear_transpose`: the value is checked as a primal; a check
+  applied to a tangent has a transpose (it adds no cotangent);
+- no effect: a compiled function keeps JAX's C++ dispatch fast path, so
+  `jaxtyping_shard.jit` compiles once. A DCE rule keeps the check in the program
+  although it has no outputs;
+- its lowering hands the raw HLO sharding to the verdict, so a layout that cannot
+  be written on the mesh (a maximal sharding, a tiling out of line with it) is a
+  clean mismatch rather than an internal error.
+
+The check object travels as a parameter (`check`, compared by identity) along with
+`batch_dims`, the positions of the batch dims in the value the primitive sees.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax  # noqa: F401  (registers the control-flow DCE rules wrapped below)
+
+# JAX-private names, each used in one function below that says why.
+from jax._src import dispatch, sharding_impls
+from jax._src.lib import xla_client as xc
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir, partial_eval as pe
+
+
+try:
+    from jax._src.lax.control_flow.loops import while_p  # has no DCE rule
+except ImportError:  # pragma: no cover - a JAX that moved it
+    while_p = None
+
+
+check_sharding_p = Primitive("jts_check_sharding")
+check_sharding_p.multiple_results = True
+
+
+def bind(value: Any, check: Any) -> None:
+    """Adds `check` on `value`'s sharding to the function being traced."""
+    check_sharding_p.bind(value, check=check, batch_dims=())
+
+
+def _impl(value: Any, *, check: Any, batch_dims: tuple[int, ...]) -> list:
+    # Evaluated on a concrete array (a jaxpr interpreted eagerly): the sharding is
+    # known now.
+    check.on_concrete(value.sharding, batch_dims)
+    return []
+
+
+def _abstract_eval(aval: Any, **_: Any) -> list:
+    return []
+
+
+def _batch(args, dims, *, check, batch_dims):
+    (value,), (dim,) = args, dims
+    if dim is not None:  # JAX marks an unbatched operand with `None`
+        # Positions after the new batch dim move one to the right.
+        batch_dims = tuple(sorted((*(b + (b >= dim) for b in batch_dims), dim)))
+    check_sharding_p.bind(value, check=check, batch_dims=batch_dims)
+    return [], []
+
+
+def _jvp(primals, tangents, **params):
+    return check_sharding_p.bind(*primals, **params), []
+
+
+def _transpose(cotangents, value, **params):
+    # Applied to a tangent (a custom_jvp rule passing it through an annotated
+    # helper, `jax.linear_transpose`): the check has no outputs, so it adds nothing
+    # to the input's cotangent.
+    return [None]
+
+
+def _dce(used_outputs, *rest):
+    # No outputs and no effect, but the check must stay. JAX 0.12 passes
+    # `(used_outputs, live_ins, eqn)`, earlier releases `(used_outputs, eqn)`.
+    return [True], rest[-1]
+
+
+check_sharding_p.def_impl(_impl)
+check_sharding_p.def_abstract_eval(_abstract_eval)
+batching.primitive_batchers[check_sharding_p] = _batch
+ad.primitive_jvps[check_sharding_p] = _jvp
+ad.primitive_transposes[check_sharding_p] = _transpose
+pe.dce_rules[check_sharding_p] = _dce
+
+
+def _require_devices_when_lowering(primitive: Any) -> None:
+    """Asks JAX to give the lowering its device assignment (it otherwise may not).
+
+    JAX does so only for primitives in a private set, which its own
+    `inspect_sharding` joins the same way; without it the lowering cannot name
+    the devices the partitioner's HLO sharding refers to.
+    """
+    dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+_require_devices_when_lowering(check_sharding_p)
+
+
+def _contains_check(params: dict, depth: int = 0) -> bool:
+    """Whether a higher-order primitive's sub-jaxprs hold a sharding check."""
+    stack = list(params.values())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (tuple, list)):
+            stack.extend(item)
+            continue
+        jaxpr = getattr(item, "jaxpr", item)  # a ClosedJaxpr, or a Jaxpr
+        eqns = getattr(jaxpr, "eqns", None)
+        if eqns is None:
+            continue
+        for eqn in eqns:
+            if eqn.primitive is check_sharding_p:
+                return True
+            if depth < 16 and _contains_check(eqn.params, depth + 1):
+                return True
+    return False
+
+
+def _keep_checks_alive() -> None:
+    """Keeps `cond`, `scan`, `while`, inner `jit`s, ... that hold a check.
+
+    The check has no effect (an effect would cost compiled functions JAX's C++
+    dispatch fast path), so JAX's dead-code elimination would drop a control-flow
+    or call equation whose outputs are all unused (an annotated identity in a
+    `cond` branch, say: its output is forwarded out of the `cond`), and the check
+    with it. This wraps the DCE rules of JAX's higher-order primitives (a public
+    registry, `jax.interpreters.partial_eval.dce_rules`) so that such an equation
+    is kept, whole, when it holds a check; every other equation is untouched.
+    """
+    primitives = {p for p in pe.dce_rules if p is not check_sharding_p}
+    if while_p is not None:
+        primitives.add(while_p)
+    for primitive in primitives:
+        rule = pe.dce_rules.get(primitive)
+        pe.dce_rules[primitive] = _keeping(rule)
+
+
+def _keeping(rule: Any) -> Any:
+    def dce(used_outputs, *rest):
+        # `rest` is `(eqn,)`, or `(live_ins, eqn)` from JAX 0.12 on.
+        eqn = rest[-1]
+        if rule is not None:
+            used_inputs, new_eqn = rule(used_outputs, *rest)
+        elif any(used_outputs) or eqn.effects:
+            used_inputs, new_eqn = [True] * len(eqn.invars), eqn
+        else:
+            used_inputs, new_eqn = [False] * len(eqn.invars), None
+        if new_eqn is None and _contains_check(eqn.params):
+            return [True] * len(eqn.invars), eqn
+        return used_inputs, new_eqn
+
+    dce._jts_wrapped = rule  # type: ignore[attr-defined]
+    return dce
+
+
+_keep_checks_alive()
+
+
+class ExportNotSupported(NotImplementedError):
+    pass
+
+
+ExportNotSupported.__module__ = "jaxtyping_shard"
+
+_EXPORT_MESSAGE = (
+    "jaxtyping_shard: `{name}` has sharding checks that run when XLA compiles it "
+    "(mesh axes of type Auto), and `jax.export` cannot carry them: they call back "
+    "into this Python process. Check the function first (call it through "
+    "`jaxtyping_shard.jit`, or `jax.jit(f).lower(...).compile()`), then export it "
+    "with the checks left out: `with jaxtyping_shard.set_mode('off'): "
+    "jax.export.export(jax.jit(f))(...)`."
+)
+
+
+def _lower(ctx: Any, value: Any, *, check: Any, batch_dims: tuple[int, ...]) -> list:
+    module = ctx.module_context
+    name = _module_name(module)
+    if getattr(module.lowering_parameters, "for_export", False):
+        function = name[4:] if name.startswith("jit_") else name
+        raise ExportNotSupported(_EXPORT_MESSAGE.format(name=function))
+    report = check.lowered(module.cached_primitive_lowerings, name, batch_dims)
+    _lower_inspect(ctx, value, report, check.mesh)
+    return []
+
+
+mlir.register_lowering(check_sharding_p, _lower)
+
+
+def _module_name(module_context: Any) -> str:
+    """The name of the module being lowered, as in `jit_train_step`."""
+    try:
+        attribute = module_context.module.operation.attributes["sym_name"]
+        return str(attribute).strip('"')
+    except Exception:  # pragma: no cover - a JAX that names modules elsewhere
+        return "the function"
+
+
+class Maximal:
+    """XLA put the value on one device (e.g. a `pure_callback` result)."""
+
+    def __init__(self, hlo: str):
+        self.hlo = hlo
+
+
+class Untileable:
+    """XLA tiled the value in a way no PartitionSpec on the mesh can write."""
+
+    def __init__(self, hlo: str, reason: str):
+        self.hlo = hlo
+        self.reason = reason
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh_over(devices: tuple, abstract: Any) -> Any:
+    """The concrete mesh of `abstract`'s axes over a compile's devices."""
+    return jax.sharding.Mesh(
+        np.array(devices).reshape(abstract.axis_sizes),
+        abstract.axis_names,
+        axis_types=abstract.axis_types,
+    )
+
+
+def _lower_inspect(
+    ctx: Any, value: Any, report: Callable[[Any], None], value_mesh: Any
+) -> None:
+    """Calls `report(sharding)` when XLA has chosen `value`'s sharding.
+
+    `sharding` is a `NamedSharding` on the compile's mesh (the context mesh, else
+    `value_mesh`, the mesh in the value's type, over the compile's devices), else a
+    `Maximal` or an `Untileable`. This is the lowering of JAX's `inspect_sharding` (the
+    `InspectSharding` custom call that XLA's SPMD partitioner calls back), which no
+    public API exposes with the raw HLO sharding: JAX's own converts it to a
+    `NamedSharding` first and fails (`AssertionError: Unhandled OpSharding type`,
+    `IndivisibleError`) where XLA chose a layout the mesh cannot write. The private
+    names it needs are all here; `tests/test_compile_check.py` tests them.
+    """
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, sharding_impls.ShardingContext):
+        devices = axis_context.device_assignment
+        abstract = axis_context.abstract_mesh
+        if abstract is None or abstract.empty:
+            abstract = value_mesh
+        if devices is None or abstract is None or abstract.size != len(devices):
+            raise AssertionError(
+                f"jaxtyping_shard: no mesh of {len(devices or ())} devices to check "
+                "shardings on; please report this at the project's issue tracker"
+            )
+        mesh = _mesh_over(tuple(devices), abstract)
+    elif isinstance(axis_context, sharding_impls.SPMDAxisContext):
+        mesh = axis_context.mesh
+        devices = mesh._flat_devices_tuple
+    else:
+        raise NotImplementedError(type(axis_context))
+
+    def on_hlo_sharding(hlo_sharding: Any) -> None:
+        if hlo_sharding.is_manual():
+            spec = jax.sharding.PartitionSpec()
+        elif hlo_sharding.is_maximal() and not hlo_sharding.is_replicated():
+            report(Maximal(str(hlo_sharding)))
+            return
+        else:
+            try:
+                spec = sharding_impls.parse_flatten_op_sharding(hlo_sharding, mesh)[0]
+            except Exception as error:  # IndivisibleError, or a kind JAX cannot map
+                report(Untileable(str(hlo_sharding), str(error)))
+                return
+        report(jax.sharding.NamedSharding(mesh, spec))
+
+    if len(devices) == 1:
+        on_hlo_sharding(sharding_impls.replicated_hlo_sharding)
+        return
+    key = xc.encode_inspect_sharding_callback(on_hlo_sharding)
+    # XLA calls back while compiling: keep the callback alive with the executable.
+    ctx.module_context.add_keepalive(on_hlo_sharding)
+    hlo.CustomCallOp(
+        [value.type],
+        [value],
+        call_target_name=ir.StringAttr.get("InspectSharding"),
+        has_side_effect=ir.BoolAttr.get(True),
+        api_version=mlir.i32_attr(1),
+        called_computations=ir.ArrayAttr.get([]),
+        backend_config=ir.StringAttr.get(key),
+        operand_layouts=None,
+        result_layouts=None,
+    )
