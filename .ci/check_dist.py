@@ -98,7 +98,7 @@ def check_wheel(
             f"declare {name} = {target}"
         )
     print(
-        f"{wheel.name}: {len(shipped)} files under {PACKAGE}/ (as git tracks), "
+        f"{wheel.name}: {len(shipped)} files under {PACKAGE}/, "
         f"subpackages {subpackages(shipped)}, {MARKER}: "
         f"{'yes' if MARKER in shipped else 'NO'}, [{group}] {name} = "
         f"{entry_points[group].get(name) if entry_points.has_section(group) else None}"
