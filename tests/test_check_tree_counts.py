@@ -1,9 +1,10 @@
 """A tree check says how much it saw: `summary=True`, the counts in its error,
-`strict=True` for unannotated array leaves, a warning when it checked nothing;
+`strict=True` for unannotated array leaves;
 and a dataclass JAX cannot see into is named by every function that walks trees,
 never passed as one opaque leaf."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -84,12 +85,17 @@ def test_strict_names_every_unannotated_array_leaf(mesh):
     jts.check_tree(arrays, like=arrays, strict=True)  # like= compares every leaf
 
 
-def test_a_check_that_checked_nothing_says_so(mesh_explicit):
+def test_a_check_that_checked_nothing_says_so_when_asked(mesh_explicit):
+    # No warning (a third party's tree, an optax state of a plain dict, checks
+    # nothing and must not break a call): the summary and `strict` say it.
     tree = {"a": place(mesh_explicit, (8, 4), P("data"))}
-    with pytest.warns(jts.ShardingWarning, match=r"checked nothing: none of its 1"):
-        jts.check_tree(tree)
-    assert jts.check_tree(tree, summary=True).checked == 0  # said there instead
-    jts.check_tree({"n": 3, "s": "text"})  # no arrays: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jts.check_tree(tree) is tree
+    summary = jts.check_tree(tree, summary=True)
+    assert summary.checked == 0 and summary.unannotated == ("tree['a']",)
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\['a'\]: declares no"):
+        jts.check_tree(tree, strict=True)
 
 
 @pytest.mark.parametrize("seed", range(5))

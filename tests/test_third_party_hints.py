@@ -58,10 +58,26 @@ OPTIMIZERS = {
 
 
 def test_the_reported_failure(mesh):
-    p = params(mesh)
-    state = optax.adam(1e-3).init(p)
+    # The issue's own example: plain-dict parameters (nothing annotated at all)
+    # and adam's state, through every function; no error and no warning.
+    p = {"w": place(mesh, (8, 4), P("data"))}
+    opt = optax.adam(1e-3)
+    state = opt.init(p)
     out = jts.jit(lambda p, s: s)(p, state)
     assert jax.tree.structure(out) == jax.tree.structure(state)
+    derived = jts.jit(
+        lambda p, s: s, in_shardings="annotations", out_shardings="annotations"
+    )
+    with jax.set_mesh(mesh):
+        derived(p, state)
+        jts.reshard(state)
+    summary = jts.check_tree(state, summary=True)
+    assert summary.checked == 0 and len(summary.unannotated) == 3
+    assert jax.tree.leaves(jts.shardings(state, mesh)) == []  # all None
+    assert len(jts.explain(state, mesh).rows) == 3
+    jts.sharded_init(opt.init, p, mesh=mesh)
+    jts.abstract(opt.init, p, mesh=mesh)
+    jts.place(jax.tree.map(np.asarray, state), None, mesh)
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))

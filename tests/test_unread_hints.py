@@ -15,7 +15,7 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Iterable
-from typing import Any, TYPE_CHECKING, Union
+from typing import Any, NotRequired, TYPE_CHECKING, TypedDict, Union
 
 import jax
 import numpy as np
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 Row = Float[Array, "b@data e"]
 W = Float[Array, "e m@model"]
+Logical = Float[Array, "batch embed", jts.Logical]
 
 
 @pytest.fixture(params=["explicit", "auto"])
@@ -154,6 +155,44 @@ def test_a_users_class_warns_once_and_reads_its_other_fields(mesh_explicit):
         jts.ShardingTypeCheckError, match=r"opt\['m'\]: .*strict.*Hidden"
     ):
         jts.check_tree(good, strict=True)
+
+
+def test_through_the_caches_a_change_of_rules_is_checked(mesh):
+    # The readable parameter is logical: warm a trace under one rules table,
+    # change the table, call again with the same arrays: checked anew.
+    def f(x: dict[str, Logical], opt: Hidden):
+        return x["a"] * 2
+
+    jitted = jts.jit(f)
+    x = rows(mesh)  # laid out as `batch` on `data`
+    with jts.axis_rules({"batch": "data", "embed": None}):
+        with pytest.warns(jts.ShardingWarning, match="`opt`"):
+            jitted(x, None)
+        jitted(x, None)
+    with jts.axis_rules({"batch": "model", "embed": None}):
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"x\['a'\]"):
+            jitted(x, None)
+        jitted(rows(mesh, P("model")), None)
+
+
+class Batch(TypedDict):  # string annotations here: `NotRequired` inside them
+    tokens: Row
+    mask: NotRequired[Row]
+    extra: NotRequired[Hidden]
+
+
+def test_a_typeddict_under_future_annotations(mesh_explicit):
+    # Python's `__required_keys__` cannot see `NotRequired` inside the strings of
+    # `from __future__ import annotations`; the resolved hints say it. `extra`
+    # cannot be read: it declares nothing, and the class is named once.
+    good, bad = rows(mesh_explicit)["a"], rows(mesh_explicit, P())["a"]
+    with pytest.warns(jts.ShardingWarning, match=r"field `extra` of .*Batch"):
+        jts.check_tree({"tokens": good}, Batch)
+    jts.check_tree({"tokens": good, "extra": bad}, Batch)
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\['mask'\]"):
+        jts.check_tree({"tokens": good, "mask": bad}, Batch)
+    with pytest.raises(jts.ShardingTypeCheckError, match="required key.*'tokens'"):
+        jts.check_tree({"mask": good}, Batch)
 
 
 # An alias of another module's kind: it resolves, but holds a forward reference

@@ -43,9 +43,8 @@ class ShardingWarning(UserWarning):
     """A sharding mismatch reported in mode `"warn"`, instead of an error.
 
     Also: an annotation of the user's own that cannot be read (a name under
-    `TYPE_CHECKING`), once per function or class, and a `check_tree` that
-    checked nothing. `warnings.filterwarnings("error",
-    category=jaxtyping_shard.ShardingWarning)` makes them errors.
+    `TYPE_CHECKING`), once per function or class. `warnings.filterwarnings(
+    "error", category=jaxtyping_shard.ShardingWarning)` makes these errors.
     """
 
 

@@ -9,7 +9,6 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._core.failures import warn_at_user_line
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
 from .._verdict.check import spec_check
@@ -125,12 +124,6 @@ def check_tree(
     `tree`, unchanged (so `x = check_tree(x)` works); with `summary=True`, a
     [`jaxtyping_shard.TreeSummary`][] (`.tree` is the tree).
 
-    **Warns:**
-
-    [`jaxtyping_shard.ShardingWarning`][] when it checked no leaf at all of a tree
-    that holds arrays (nothing declares a sharding: a check that sees nothing
-    says so); not with `summary=True`, which says it in the summary.
-
     **Raises:**
 
     [`jaxtyping_shard.ShardingTypeCheckError`][] listing every mismatched leaf by
@@ -169,12 +162,6 @@ def check_tree(
         raise found
     if summary:
         return counts.summary(tree)
-    if not counts.checked and counts.unannotated:
-        warn_at_user_line(
-            f"check_tree({name}) checked nothing: none of its "
-            f"{len(counts.unannotated)} array leaves declares a sharding. Annotate "
-            "the fields, or pass `annotations=`, `rules=` or `like=`."
-        )
     return tree
 
 

@@ -11,6 +11,7 @@ import collections
 import collections.abc
 import dataclasses
 import functools as ft
+import re
 import types
 import typing
 from typing import Any, Union
@@ -128,13 +129,28 @@ def typeddict_keys(hint: type) -> tuple[dict, frozenset]:
     """
     fields = field_hints(hint)
     required = set(hint.__required_keys__)
+    raw = getattr(hint, "__annotations__", {})
     for key, value in fields.items():
         origin = typing.get_origin(value)
+        if isinstance(value, _reading.Unread):  # what its text says, then
+            origin = _QUALIFIER_TEXT.get(_qualifier_in(raw.get(key)))
         if origin is typing.NotRequired:
             required.discard(key)
         elif origin is typing.Required:
             required.add(key)
     return fields, frozenset(required)
+
+
+_QUALIFIER_TEXT = {"NotRequired": typing.NotRequired, "Required": typing.Required}
+
+
+def _qualifier_in(annotation: Any) -> Any:
+    """`NotRequired` / `Required` when an annotation's text starts with one."""
+    text = getattr(annotation, "__forward_arg__", annotation)
+    if not isinstance(text, str):
+        return None
+    found = re.match(r"\s*(?:\w+\.)?(NotRequired|Required)\[", text)
+    return found.group(1) if found else None
 
 
 def leaf_annotation(hint: Any) -> Any:

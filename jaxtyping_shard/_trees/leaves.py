@@ -178,15 +178,11 @@ class Counts:
 
     def add(self, name: str, leaves: list, plan: Any, checkers: tuple) -> int:
         """Counts one tree; returns how many of its leaves are checked."""
-        checked = 0
-        notes = plan.notes or (None,) * len(leaves)
-        for leaf, checker, path, note in zip(leaves, checkers, plan.paths, notes):
-            if checker is not None:
-                checked += 1
-            if is_array(leaf) and not (
-                has_sharding(checker) or type(checker) is Missing
-            ):
-                self.unannotated.append((name, path, note))
+        checked, bare = _bare(plan, checkers)
+        for i in bare:  # those of them that are arrays are unannotated
+            if is_array(leaves[i]):
+                note = plan.notes[i] if plan.notes else None
+                self.unannotated.append((name, plan.paths[i], note))
         self.leaves += len(leaves)
         self.checked += checked
         return checked
@@ -217,6 +213,25 @@ class Missing:
 
     def __init__(self, reason: str):
         self.reason = reason
+
+
+def _bare(plan: Any, checkers: tuple) -> tuple[int, tuple]:
+    """`(how many leaves are checked, the indices of those whose checker declares
+    no sharding)`, kept on the plan for the last checkers it was asked about (a
+    tree checked at every step costs no per-leaf work here)."""
+    hit = plan.cache.get("bare")
+    if hit is not None and hit[0] is checkers:
+        return hit[1]
+    out = (
+        sum(c is not None for c in checkers),
+        tuple(
+            i
+            for i, c in enumerate(checkers)
+            if not (has_sharding(c) or type(c) is Missing)
+        ),
+    )
+    plan.cache["bare"] = (checkers, out)
+    return out
 
 
 def is_array(x: Any) -> bool:

@@ -86,7 +86,8 @@ def class_hints(cls: type) -> dict:
 
 
 def function_hints(fn: Any, name: str) -> dict:
-    """`typing.get_type_hints(fn, include_extras=True)`, entry by entry."""
+    """`typing.get_type_hints(fn, include_extras=True)`, entry by entry (`fn`:
+    a plain function, unwrapped)."""
     try:
         return typing.get_type_hints(fn, include_extras=True)
     except Exception:
@@ -95,14 +96,12 @@ def function_hints(fn: Any, name: str) -> dict:
         own = inspect.get_annotations(fn)
     except Exception:
         return {}
-    target = inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
-    target = getattr(target, "__func__", target)
-    namespace = getattr(target, "__globals__", {})
+    namespace = getattr(fn, "__globals__", {})
     hints: dict = {}
     for param, value in own.items():
         probe = types.SimpleNamespace(
             __annotations__={param: value},
-            __type_params__=getattr(target, "__type_params__", ()),
+            __type_params__=getattr(fn, "__type_params__", ()),
         )
         what = "the return annotation" if param == "return" else f"parameter `{param}`"
         hints[param] = _one(probe, param, value, namespace, None, f"{what} of `{name}`")

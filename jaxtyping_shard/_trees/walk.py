@@ -287,13 +287,19 @@ def opaque(leaves: list, paths: tuple) -> list:
     flatten (not registered as pytrees) holding arrays: one leaf to every function
     that walks trees, whose arrays none can see. Per call: the plan's key (the
     tree's structure) cannot tell such a leaf from an array."""
-    out = []
+    out: list = []
+    if not any(map(_is_dataclass_type, set(map(type, leaves)))):
+        return out  # the common case, a few types: no per-leaf work in Python
     for leaf, path in zip(leaves, paths):
-        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+        if _is_dataclass_type(type(leaf)):
             held = _arrays_in(leaf, 0)
             if held:
                 out.append((path, _opaque_reason(leaf, held)))
     return out
+
+
+def _is_dataclass_type(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) and not issubclass(cls, type)
 
 
 def _arrays_in(obj: Any, depth: int) -> list:
