@@ -61,18 +61,13 @@ def field_hints(cls: type) -> dict:
     """The type hints of a class's fields (`from __future__ import annotations` ok).
 
     Read one by one (`reading`): a field whose annotation cannot be read maps to
-    an `Unread`, which declares nothing; the user's are warned about, once per
-    class. Of a third party's class, only the hints that declare a sharding.
+    an `Unread`, which declares nothing, and is warned about, once per class.
+    Of the fields an installed package's class defines, only the hints that
+    declare a sharding (none of them warned about).
     """
     if not getattr(cls, "__annotations__", None) and not dataclasses.is_dataclass(cls):
         return {}
     hints = _reading.class_hints(cls)
-    if _reading.third_party(cls):
-        return {
-            k: v
-            for k, v in hints.items()
-            if not isinstance(v, _reading.Unread) and _reading.declares_sharding(v)
-        }
     unread = [v for v in hints.values() if isinstance(v, _reading.Unread)]
     if unread:
         warn_unread(unread, f"`{cls.__module__}.{cls.__qualname__}`", "fields")

@@ -13,7 +13,8 @@ that cannot be read"):
 - a class or function defined in an installed package (a file under
   `site-packages` / `dist-packages`, or Python's standard library) is a third
   party's: what it cannot resolve declares nothing, without a word, and of its
-  annotations only those that declare a sharding are read at all;
+  annotations only those that declare a sharding are read at all (a field is
+  the class's that defines it, also in a subclass of the user's);
 - anything else is the user's: an annotation whose own text names something
   that cannot be found is an `Unread`, which the readers warn about once per
   class or function. One that resolves, but holds a forward reference of
@@ -47,24 +48,39 @@ class Unread:
 
 
 def class_hints(cls: type) -> dict:
-    """`typing.get_type_hints(cls, include_extras=True)`, entry by entry."""
+    """`typing.get_type_hints(cls, include_extras=True)`, entry by entry; of the
+    fields a class of an installed package defines (`cls` or a base), only those
+    whose hint declares a sharding."""
     try:
-        return typing.get_type_hints(cls, include_extras=True)
+        hints = typing.get_type_hints(cls, include_extras=True)
     except Exception:
-        pass
+        hints = _entry_by_entry(cls)
+    owners = {field: base for base in reversed(cls.__mro__) for field in _own(base)}
+    return {
+        field: hint
+        for field, hint in hints.items()
+        if not third_party(owners.get(field, cls))
+        or (not isinstance(hint, Unread) and declares_sharding(hint))
+    }
+
+
+def _own(cls: type) -> dict:
+    try:
+        return inspect.get_annotations(cls)
+    except Exception:  # pragma: no cover - a class whose annotations raise
+        return {}
+
+
+def _entry_by_entry(cls: type) -> dict:
     module = getattr(sys.modules.get(cls.__module__), "__dict__", {})
     name = f"`{cls.__module__}.{cls.__qualname__}`"
     hints: dict = {}
     for base in reversed(cls.__mro__):
-        try:
-            own = inspect.get_annotations(base)
-        except Exception:  # pragma: no cover - a class whose annotations raise
-            continue
         base_module = getattr(sys.modules.get(base.__module__), "__dict__", module)
         # As `get_type_hints` does for a class: module globals first, then the
         # class's own namespace.
         namespace = dict(vars(base))
-        for field, value in own.items():
+        for field, value in _own(base).items():
             probe = type(
                 "probe",
                 (),
@@ -74,14 +90,8 @@ def class_hints(cls: type) -> dict:
                     "__type_params__": getattr(base, "__type_params__", ()),
                 },
             )
-            hints[field] = _one(
-                probe,
-                field,
-                value,
-                namespace,
-                base_module,
-                f"field `{field}` of {name}",
-            )
+            where = f"field `{field}` of {name}"
+            hints[field] = _one(probe, field, value, namespace, base_module, where)
     return hints
 
 
