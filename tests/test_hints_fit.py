@@ -80,7 +80,8 @@ def test_tuple_length_mismatch_on_both_mesh_kinds(mesh):
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         f((row(mesh), row(mesh), row(mesh)))
     text = str(info.value)
-    assert "1 part of the tree does not fit the type hints" in text
+    assert "1 part of the tree does not fit the type hints (0 leaves checked, " in text
+    assert "3 array leaves unannotated):" in text  # the hint applied to none
     assert "pair: a tuple of 3 elements, where its type hint" in text
 
     @jts.jit

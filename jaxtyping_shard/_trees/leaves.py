@@ -270,8 +270,11 @@ def error(
         verb = "declares" if len(bare) == 1 else "declare"
         pieces.append(f"{_leaves(len(bare))} {verb} no sharding (strict=True)")
     head = f"{what}: {'; '.join(pieces)}"
+    said = [] if failures else [f"{counts.checked} leaves checked"]
     if counts.unannotated and not strict:
-        head += f" ({_leaves(len(counts.unannotated))} unannotated)"
+        said.append(f"{_leaves(len(counts.unannotated))} unannotated")
+    if said:
+        head += f" ({', '.join(said)})"
     lines = []
     fix = ""
     for path, reason in [*structure, *failures, *bare]:
