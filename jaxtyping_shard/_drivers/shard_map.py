@@ -124,11 +124,11 @@ def typed_shard_map(
     name = getattr(fn, "__qualname__", repr(fn))
     signature = inspect.signature(fn)
     read = _signature.read(fn)  # each hint on its own: say which cannot be read
-    for unread in read.unread.values():
+    if read.unread:
         raise ShardingAnnotationError(
-            f"typed_shard_map({name}): {unread}, and shard_map needs a spec from "
-            "each. Make the names it uses exist at run time (not only under "
-            "`TYPE_CHECKING`)."
+            f"typed_shard_map({name}): {next(iter(read.unread.values()))}, and "
+            "shard_map needs a spec from each annotation. Make the names it uses "
+            "exist at run time (not only under `TYPE_CHECKING`)."
         )
     hints = read.hints
     in_annotations = []
