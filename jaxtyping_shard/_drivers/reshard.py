@@ -85,6 +85,7 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     ):
         return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
     leaves, plan = _tree.plan_for(x, annotation)
+    _tree.refuse_problems(leaves, plan, "reshard", "x")
     out = [
         leaf if not has_sharding(a) else _reshard_leaf(leaf, a)
         for leaf, a in zip(leaves, plan.annotations)

@@ -14,7 +14,7 @@ from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, resolve as _resolve
 from .._layout.spec import has_sharding
 from .._rules.scope import current as _current_rules
-from .._trees import hints as _hints, walk as _tree
+from .._trees import hints as _hints, signature as _signature, walk as _tree
 
 
 def _is_tree_hint(annotation: Any) -> bool:
@@ -123,10 +123,14 @@ def typed_shard_map(
         )
     name = getattr(fn, "__qualname__", repr(fn))
     signature = inspect.signature(fn)
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # unresolvable forward references: use what is there
-        hints = {}
+    read = _signature.read(fn)  # each hint on its own: say which cannot be read
+    if read.unread:
+        raise ShardingAnnotationError(
+            f"typed_shard_map({name}): {next(iter(read.unread.values()))}, and "
+            "shard_map needs a spec from each annotation. Make the names it uses "
+            "exist at run time (not only under `TYPE_CHECKING`)."
+        )
+    hints = read.hints
     in_annotations = []
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -74,6 +74,7 @@ def shardings(
     the leaf), or field annotations that cannot be resolved.
     """
     leaves, plan = _tree.plan_for(tree, annotations, rules)
+    _tree.refuse_problems(leaves, plan, "shardings")
     if mesh is None and any(
         has_sharding(a) and not isinstance(a, NamedSharding) for a in plan.annotations
     ):

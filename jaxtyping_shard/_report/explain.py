@@ -337,6 +337,8 @@ def explain(
         where = _bridge.describe(annotation_or_tree)
         rows.append(_row("-", annotation_or_tree, None, mesh, sizes, where))
     else:
+        values, plan = _tree.plan_for(annotation_or_tree, annotations, rules)
+        _tree.refuse_problems(values, plan, "explain")
         leaves = _tree.walk(annotation_or_tree, annotations, rules)
         leads = stacked_prefixes(tuple(x.path for x in leaves), stacked)
         for leaf, lead in zip(leaves, leads):

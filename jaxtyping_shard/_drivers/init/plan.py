@@ -66,6 +66,7 @@ def leaf_shardings(
     `ShardingAnnotationError` listing every leaf that cannot be laid out.
     """
     leaves, plan = _tree.plan_for(abstract, annotations, rules)
+    _tree.refuse_problems(leaves, plan, what, "output")
     leads = stacked_prefixes(plan.paths, stacked)
     sizes = _mesh.sizes(mesh)
     problems: list[str] = []

@@ -38,7 +38,7 @@ from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
 from ..._trees import hints as _hints, walk as _tree
-from ..._trees.signature import parameter_hint
+from ..._trees.signature import read, Signature
 from . import arguments as _arguments
 from .entry import Entry, flat_leaves, Speculation, STALE_LIMIT
 
@@ -93,9 +93,18 @@ class AnnotatedJit:
         # entry the last ordinary call went through, see `_jit_entry`.
         self._last: dict[str, Speculation] = {}
         self._stale = 0  # speculative calls failed in a row
-        self._name = getattr(fun, "__qualname__", None) or repr(fun)
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
+
+    @ft.cached_property
+    def _read(self) -> Signature:
+        # The hints, through partials and `__call__`: read at the first call, as
+        # the boundary checks read them (and warn about those they cannot).
+        return read(self._fun)
+
+    @property
+    def _name(self) -> str:
+        return self._read.name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         last = self._last.get(mode_reader.value)
@@ -155,9 +164,14 @@ class AnnotatedJit:
         """`[(name, value, is_static), ...]` positionally, and keyword-only ones."""
         bound = self._sig.bind(*args, **kwargs)
         bound.apply_defaults()
+        # A keyword a `functools.partial` binds is the partial's to pass, unless
+        # the caller gives it.
+        partials = self._read.fixed - kwargs.keys()
         pos: list = []
         kw: dict = {}
         for i, (name, param) in enumerate(self._sig.parameters.items()):
+            if name in partials:
+                continue
             value: Any = bound.arguments.get(name)
             static = i in self._static_nums or name in self._static_names
             if param.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
@@ -179,13 +193,7 @@ class AnnotatedJit:
         return pos, {k: v for k, (v, _) in kw.items()}
 
     def _hint(self, name: str) -> Any:
-        param = name.split("[", 1)[0]
-        if param not in self._sig.parameters:
-            return None
-        try:
-            return parameter_hint(self._fun, param, "jit")
-        except Exception:  # an unannotated parameter: unspecified
-            return None
+        return self._read.hint(name.split("[", 1)[0])
 
     def _prepare(
         self, args: tuple, kwargs: dict, fast: bool = False, tree: bool = False
@@ -337,10 +345,7 @@ class AnnotatedJit:
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
 
     def _hint_return(self) -> Any:
-        try:
-            return parameter_hint(self._fun, "return", "jit")
-        except Exception:
-            return None
+        return self._read.hint("return")
 
     def _place(self, pos: list, flat: list, in_leaves: Any) -> tuple:
         return _arguments.place_arguments(

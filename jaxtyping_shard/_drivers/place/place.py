@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._core import mesh as _mesh
 from ..._core.errors import PlacementError, ShardingAnnotationError
@@ -34,6 +34,7 @@ def place(
     global_shape: Any = None,
     verify: Optional[str] = "shapes",
     rules: Optional[Mapping[str, Any]] = None,
+    strict: bool = False,
 ) -> Any:
     """Host-local data as global arrays, laid out as the annotations say.
 
@@ -68,8 +69,9 @@ def place(
         (`Int[Array, "batch seq", P(("data", "fsdp"), None)]`), a
         `PartitionSpec`, a `NamedSharding`, a type hint (`dict[str, ...]`, an
         annotated dataclass) or a tree of those, a prefix of `local`'s tree, as for
-        [`jaxtyping_shard.shardings`][]. Every leaf must get a sharding (`P()`
-        says replicated).
+        [`jaxtyping_shard.shardings`][]. A leaf whose annotation declares no
+        sharding (none, `Any`, a third-party class's field such as an optax
+        state's `count`) is placed replicated, as `sharded_init` creates it.
     - `mesh`: omitted: the context mesh (`jax.set_mesh`).
     - `global_shape`: omitted: computed from the local shape, the sharding and
         the mesh (a dim cut into `n` shards of which this process holds `k` is
@@ -83,6 +85,8 @@ def place(
         (what `jax.make_array_from_process_local_data` does). On one process
         there is nothing to compare and nothing runs.
     - `rules`: path rules, as for [`jaxtyping_shard.shardings`][].
+    - `strict`: `True`: a leaf whose annotation declares no sharding is an error
+        instead of placed replicated.
 
     **Returns:**
 
@@ -95,10 +99,12 @@ def place(
     size does not fit the sharding and the process count (the message gives the
     size expected and the mesh axes), a global size is not divisible by its
     shard count, or the verification fails.
-    [`jaxtyping_shard.ShardingAnnotationError`][] when a leaf has no sharding or
-    names an axis the mesh lacks.
+    [`jaxtyping_shard.ShardingAnnotationError`][] when a leaf names an axis the
+    mesh lacks, or (`strict=True`) has no sharding.
     """
-    return _place(local, annotations, mesh, global_shape, verify, rules, "place")
+    return _place(
+        local, annotations, mesh, global_shape, verify, rules, "place", strict
+    )
 
 
 def place_for(
@@ -141,7 +147,7 @@ def place_for(
     """
     hint = parameter_hint(fn, parameter, "place_for")
     where = f"place_for({_name(fn)}, {parameter!r})"
-    return _place(local, hint, mesh, global_shape, verify, None, where)
+    return _place(local, hint, mesh, global_shape, verify, None, where, True)
 
 
 def local_rows(annotation: Any, global_shape: Any, mesh: Any = None) -> tuple:
@@ -249,12 +255,13 @@ def _global_shapes(given: Any, count: int, where: str) -> list:
     return list(shapes)
 
 
-def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
+def _place(local, annotations, mesh, global_shape, verify, rules, where, strict) -> Any:
     if verify not in _VERIFY:
         raise ValueError(
             f"{where}: verify must be 'shapes', 'checksum' or None, not {verify!r}."
         )
     leaves, plan = _tree.plan_for(local, annotations, rules)
+    _tree.refuse_problems(leaves, plan, where, "local")
     arrays = [x if hasattr(x, "shape") else np.asarray(x) for x in leaves]
     names = [_paths.path_name("local", p) for p in plan.paths]
     givens = _global_shapes(global_shape, len(arrays), where)
@@ -262,11 +269,13 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
     for name, x, annotation, given in zip(names, arrays, plan.annotations, givens):
         label = f"{where}: {name}" if plan.paths else where
         if not has_sharding(annotation):
-            raise ShardingAnnotationError(
-                f"{label} has no sharding in its annotation "
-                f"({_bridge.describe(annotation)}), so it has nowhere to go. "
-                "Annotate it; `P()` places it replicated."
-            )
+            if strict:
+                raise ShardingAnnotationError(
+                    f"{label} has no sharding in its annotation "
+                    f"({_bridge.describe(annotation)}), so it has nowhere to go "
+                    "(strict). Annotate it; `P()` places it replicated."
+                )
+            annotation = PartitionSpec()  # declares nothing: replicated
         sharding, shape = _layout(annotation, mesh, x.shape, given, label)
         shardings.append(sharding)
         shapes.append(shape)
