@@ -92,7 +92,9 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     return jax.tree_util.tree_unflatten(plan.treedef, out)
 
 
-def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
+def out_sharding(
+    annotation: Any, ndim: Optional[int] = None, *, shape: Optional[tuple] = None
+) -> Any:
     """What an op's `out_sharding=` should get for a result annotated so.
 
     On `Explicit` mesh axes JAX's ops need `out_sharding=` where a layout is
@@ -113,6 +115,9 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
 
     - `annotation`: as for [`jaxtyping_shard.reshard`][].
     - `ndim`: the result's rank, when the dim string does not fix it.
+    - `shape`: the result's global shape. Given, a logical annotation is
+        resolved for it (a fallback list skips a candidate that does not divide
+        a dim), as the check of the result will be; omitted, by rank only.
 
     **Returns:**
 
@@ -121,7 +126,13 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
     mesh = _mesh.context_mesh()
     if mesh is None:
         return None
-    spec = _bridge.spec_for(annotation, ndim, "out_sharding", mesh=mesh)
+    if shape is not None and ndim is not None and len(shape) != ndim:
+        raise ValueError(
+            f"out_sharding: shape {tuple(shape)} has {len(shape)} dims, not "
+            f"ndim={ndim}."
+        )
+    known = ndim if shape is None else tuple(shape)
+    spec = _bridge.spec_for(annotation, known, mesh, "out_sharding")
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if not explicit:
         return None
@@ -131,9 +142,7 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
 def _reshard_leaf(x: Any, annotation: Any) -> Any:
     if not isinstance(x, Tracer):
         mesh = _value_mesh(x)
-        spec = _bridge.spec_for(
-            annotation, x.ndim, "reshard", shape=tuple(x.shape), mesh=mesh
-        )
+        spec = _bridge.spec_for(annotation, tuple(x.shape), mesh, "reshard")
         return jax.device_put(x, _bridge.named_sharding(spec, mesh, annotation))
     aval = jax.typeof(x)
     mesh = _mesh.of_aval(aval)
@@ -148,9 +157,7 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
             f"{sorted(manual)}), where each device holds its own piece; lay values "
             "out outside the `shard_map` body."
         )
-    spec = _bridge.spec_for(
-        annotation, aval.ndim, "reshard", shape=tuple(aval.shape), mesh=mesh
-    )
+    spec = _bridge.spec_for(annotation, tuple(aval.shape), mesh, "reshard")
     _bridge.named_sharding(spec, mesh, annotation, "reshard")  # a missing axis
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)

@@ -11,9 +11,8 @@ from jax.sharding import PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge, resolve as _resolve
+from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
-from .._rules.scope import current as _current_rules
 from .._trees import hints as _hints, walk as _tree
 
 
@@ -47,11 +46,9 @@ def _annotation_of(annotation: Any, what: str, fn_name: str) -> Any:
 def _spec(
     annotation: Any, shape: Any, mesh: Any, axis_names: Optional[frozenset]
 ) -> PartitionSpec:
-    # Logical annotations resolve with the rules in force at the call.
-    entries = _resolve.resolve(
-        annotation._jts, shape, mesh, _current_rules(), annotation.__name__
-    )
-    spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    # Logical annotations resolve with the rules in force at the call: an
+    # argument with its global shape, a return by rank (see `_out_specs`).
+    spec = _bridge.spec_for(annotation, shape, mesh, "typed_shard_map")
     return _restrict(spec, axis_names)
 
 
@@ -176,7 +173,7 @@ def typed_shard_map(
                     "replicated)."
                 )
             shape = tuple(jax.typeof(leaf).shape)
-            spec = _bridge.spec_for(annotation, len(shape), at, shape=shape, mesh=where)
+            spec = _bridge.spec_for(annotation, shape, where, at)
             specs.append(_restrict(spec, manual))
         return jax.tree_util.tree_unflatten(plan.treedef, specs)
 
@@ -217,10 +214,13 @@ def typed_shard_map(
 
 
 def _out_specs(outs: Any, mesh: Any, manual: Optional[frozenset]) -> Any:
-    # Output shapes are not known before the call: resolved by rank.
+    # The global shape of a result is its local shape times the out_spec's axes,
+    # so it cannot choose among fallback candidates: resolved by rank, as a check
+    # inside the body resolves a value that is not an argument (`None`: the rank
+    # the dim string fixes; a variadic return was refused when decorated).
     if isinstance(outs, tuple):
-        return tuple(_spec(out, out._jts.min_rank, mesh, manual) for out in outs)
-    return _spec(outs, outs._jts.min_rank, mesh, manual)
+        return tuple(_spec(out, None, mesh, manual) for out in outs)
+    return _spec(outs, None, mesh, manual)
 
 
 class _TreeHint:

@@ -18,6 +18,7 @@ from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.check import spec_check
 from .._verdict.compare import FIX
+from .._verdict.inputs import of_value
 from . import paths as _paths, walk as _tree
 from .stacked import stacked_prefixes
 
@@ -279,7 +280,7 @@ def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partit
     rest = shape[len(lead) :]
     if not has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
-    spec = _resolved_spec(leaf, annotation, rest, where)
+    spec = _resolved_spec(leaf, annotation, len(lead), where)
     entries = tuple(spec) + (None,) * (len(rest) - len(spec))
     return PartitionSpec(*lead, *entries)
 
@@ -314,24 +315,19 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
     return tuple(out)
 
 
-def _resolved_spec(
-    leaf: Any, annotation: Any, dims: tuple, where: str
-) -> PartitionSpec:
-    """A sharded annotation's spec for `dims` (the leaf's shape after any stacked
-    dims), resolved as a check of that leaf would: with the shape (fallback lists
-    skip candidates that do not divide) and the leaf's mesh; inside shard_map the
-    shape is a local one, so by rank only."""
-    mesh = _leaf_mesh(leaf)
-    manual = mesh is not None and AxisType.Manual in mesh.axis_types
-    known = None if manual and isinstance(leaf, Tracer) else dims
-    return _bridge.spec_for(annotation, len(dims), where, shape=known, mesh=mesh)
+def _resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
+    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
+    its shape, or inside shard_map its rank, and its mesh)."""
+    shape, mesh = of_value(leaf)
+    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
+    return _bridge.spec_for(annotation, dims, mesh, where)
 
 
 def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
-    shape = tuple(getattr(leaf, "shape", ()))
     where = "like" + jax.tree_util.keystr(path)
     if has_sharding(annotation):
-        return _resolved_spec(leaf, annotation, shape, where)
+        return _resolved_spec(leaf, annotation, 0, where)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)
@@ -360,11 +356,3 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
         f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
         "mesh axes to compare with. Place it with a NamedSharding."
     )
-
-
-def _leaf_mesh(leaf: Any) -> Any:
-    """The mesh a leaf of `like` lives on: its own, its type's, or the context's."""
-    if isinstance(leaf, Tracer):
-        return _mesh.of_aval(jax.typeof(leaf))
-    mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-    return mesh if mesh is not None and not mesh.empty else _mesh.context_mesh()

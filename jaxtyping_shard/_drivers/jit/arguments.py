@@ -149,13 +149,14 @@ def leaf_sharding(
     if isinstance(annotation, NamedSharding):
         return annotation
     where = f"{fname}: {name}{jax.tree_util.keystr(path)}"
-    ndim = len(getattr(leaf, "shape", ()))
-    spec = _bridge.spec_for(annotation, ndim, where)
     if mesh is None:
         raise ValueError(
             f"{where} is annotated with a sharding, and jit needs a mesh for it: "
             "call under `jax.set_mesh(mesh)`, or pass arrays placed on the mesh."
         )
+    # The leaf's shape, as a check of the value will resolve it (fallback lists).
+    shape = tuple(getattr(leaf, "shape", ()))
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 

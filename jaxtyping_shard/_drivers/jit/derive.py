@@ -321,13 +321,20 @@ class AnnotatedJit:
         hint = self._hint_return()
         if hint is None:
             return None
-        if _hints.leaf_annotation(hint) is not None and has_sharding(hint):
+        if (
+            _hints.leaf_annotation(hint) is not None
+            and has_sharding(hint)
+            and not _bridge.needs_shape(hint)
+        ):
+            # One array whose spec the rank alone decides: no trace needed.
             try:
-                spec = _bridge.spec_for(hint, None, f"{self._name} return")
+                spec = _bridge.spec_for(hint, None, mesh, f"{self._name} return")
             except Exception:  # its rank depends on the value: trace for it
                 spec = None
             if spec is not None:
                 return _bridge.named_sharding(spec, mesh, hint, "return value")
+        # The result's shapes, from an abstract evaluation (no data moves): each
+        # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint)
         shardings = [

@@ -18,7 +18,7 @@ from ..._core.errors import PlacementError, ShardingAnnotationError
 from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
-from ..._trees import paths as _paths, walk as _tree
+from ..._trees import check_tree as _check_tree, paths as _paths, walk as _tree
 from ..._trees.signature import function_name as _name, parameter_hint
 from . import rows as _rows, verify as _verify
 
@@ -174,11 +174,13 @@ def local_rows(annotation: Any, global_shape: Any, mesh: Any = None) -> tuple:
     count, or this process's shards of a dim are not contiguous.
     """
     shape = tuple(int(n) for n in global_shape)
-    sharding = _sharding(annotation, mesh, len(shape), "local_rows")
+    sharding = _sharding(annotation, mesh, shape, "local_rows")
     return _rows.rows_of(sharding, shape, "local_rows")
 
 
-def _sharding(annotation: Any, mesh: Any, ndim: int, where: str) -> NamedSharding:
+def _sharding(annotation: Any, mesh: Any, shape: tuple, where: str) -> NamedSharding:
+    """The sharding of the global array of `shape` (logical names resolved for
+    that shape, as a check of the array will resolve them)."""
     if isinstance(annotation, NamedSharding) and mesh is None:
         return annotation
     if not has_sharding(annotation):
@@ -186,26 +188,30 @@ def _sharding(annotation: Any, mesh: Any, ndim: int, where: str) -> NamedShardin
             f"{where}: {_bridge.describe(annotation)} has no sharding, so it says "
             "nowhere to place the data. Annotate it, `P()` for replicated."
         )
-    spec = _bridge.spec_for(annotation, ndim, where)
     mesh = _concrete_mesh(mesh, where)
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 
 _layouts: dict = {}
 _LAYOUT_LIMIT = 512
+# How many times the global shape may change the resolution before `place` asks
+# for `global_shape=` (see `_resolved`).
+_ROUNDS = 3
 
 
-def _layout(annotation, mesh, local_shape, given, where) -> tuple:
-    """The sharding and global shape of one leaf; cached, as a data loader calls
-    `place` every step (the same `NamedSharding` object also keeps JAX's own
-    `device_put` caches warm)."""
+def _layout(annotation, checker, mesh, x, given, where) -> tuple:
+    """`(sharding, global shape, why the data does not fit its annotation or "")`
+    of one leaf; cached, as a data loader calls `place` every step (the same
+    `NamedSharding` object also keeps JAX's own `device_put` caches warm)."""
     context = _mesh.set_concrete_mesh() if mesh is None else None
     try:
         key: Any = (
             annotation,
             mesh,
             context,  # the context mesh, when it is the one used
-            tuple(local_shape),
+            tuple(x.shape),
+            x.dtype,
             None if given is None else tuple(given),
             _rules.current(),  # logical annotations resolve through the rules
         )
@@ -214,13 +220,44 @@ def _layout(annotation, mesh, local_shape, given, where) -> tuple:
         key, hit = None, None
     if hit is not None:
         return hit
-    sharding = _sharding(annotation, mesh, len(local_shape), where)
-    out = (sharding, _rows.global_shape_of(sharding, local_shape, given, where))
+    sharding, shape = _resolved(annotation, mesh, x.shape, given, where)
+    out = (sharding, shape, _misfit(checker, x, shape, sharding, where))
     if key is not None:
         if len(_layouts) >= _LAYOUT_LIMIT:
             _layouts.clear()
         _layouts[key] = out
     return out
+
+
+def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
+    """The sharding and the global shape it makes of the local data, resolved
+    with that global shape. On one process it is the local shape; with
+    `global_shape=`, that; on several processes it depends on the sharding, so
+    the two are found together: a sharding whose global shape resolves to it."""
+    shape = tuple(local_shape)  # the global shape on one process
+    for _ in range(_ROUNDS):
+        sharding = _sharding(annotation, mesh, shape, where)
+        found = _rows.global_shape_of(sharding, local_shape, given, where)
+        if found == shape:
+            return sharding, shape
+        shape = found
+    raise PlacementError(
+        f"{where}: the sharding of {_bridge.describe(annotation)} under the axis "
+        f"rules in force depends on the global shape, which depends on the "
+        f"sharding; no choice is consistent for the local data of shape "
+        f"{tuple(local_shape)}. Pass `global_shape=`."
+    )
+
+
+def _misfit(checker: Any, x: Any, shape: tuple, sharding: Any, where: str) -> str:
+    """Why the global array the local data would make fails its own annotation
+    (dtype, fixed dims, dim names bound within it; its sharding, resolved as a
+    check resolves it), "" when it fits. Checked on a `jax.ShapeDtypeStruct`:
+    nothing is built."""
+    dtype = jax.dtypes.canonicalize_dtype(x.dtype)  # what the array will hold
+    abstract = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    failures = _check_tree.leaf_failures([abstract], ((),), (checker,), where)
+    return failures[0][1] if failures else ""
 
 
 def _concrete_mesh(mesh: Any, where: str) -> Any:
@@ -255,11 +292,13 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
             f"{where}: verify must be 'shapes', 'checksum' or None, not {verify!r}."
         )
     leaves, plan = _tree.plan_for(local, annotations, rules)
+    checkers = _check_tree.checkers_of(plan)
     arrays = [x if hasattr(x, "shape") else np.asarray(x) for x in leaves]
     names = [_paths.path_name("local", p) for p in plan.paths]
     givens = _global_shapes(global_shape, len(arrays), where)
-    shardings, shapes = [], []
-    for name, x, annotation, given in zip(names, arrays, plan.annotations, givens):
+    shardings, shapes, misfits = [], [], []
+    rows = zip(names, arrays, plan.annotations, checkers, givens)
+    for name, x, annotation, checker, given in rows:
         label = f"{where}: {name}" if plan.paths else where
         if not has_sharding(annotation):
             raise ShardingAnnotationError(
@@ -267,9 +306,17 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
                 f"({_bridge.describe(annotation)}), so it has nowhere to go. "
                 "Annotate it; `P()` places it replicated."
             )
-        sharding, shape = _layout(annotation, mesh, x.shape, given, label)
+        sharding, shape, misfit = _layout(annotation, checker, mesh, x, given, label)
         shardings.append(sharding)
         shapes.append(shape)
+        if misfit:
+            misfits.append(f"  {name}: {misfit}")
+    if misfits:
+        raise PlacementError(
+            f"{where}: {len(misfits)} of {len(arrays)} arrays of the local data "
+            "would not be what their annotations say (nothing was placed):\n"
+            + "\n".join(misfits)
+        )
     if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
         if verify == "checksum":
