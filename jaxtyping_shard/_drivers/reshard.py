@@ -20,6 +20,7 @@ from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
 from .._trees import hints as _hints, walk as _tree
+from .._verdict.compare import same_mesh_shape
 from .._verdict.constraints import remember
 
 
@@ -63,7 +64,9 @@ def reshard(x: Any, annotation: Any = None) -> Any:
 
     - `x`: an array, or a pytree of arrays.
     - `annotation`: a sharded annotation (logical names resolve through the rules
-        in force), a `PartitionSpec` or a `NamedSharding`: for every leaf. Or,
+        in force), a `PartitionSpec` or a `NamedSharding` (a concrete array is
+        placed on its devices, in its memory kind; a traced value, whose
+        devices `jit` fixes, is laid out by its spec): for every leaf. Or,
         for a tree, what [`jaxtyping_shard.shardings`][] takes as `annotations=`
         (a type hint, an annotation tree); omitted, the annotations of the
         tree's own fields. Leaves without a sharded annotation are left as
@@ -141,6 +144,16 @@ def out_sharding(
 
 def _reshard_leaf(x: Any, annotation: Any) -> Any:
     if not isinstance(x, Tracer):
+        if isinstance(annotation, NamedSharding):
+            # Its own devices and memory kind, not only its spec.
+            _bridge.spec_for(annotation, tuple(x.shape), annotation.mesh, "reshard")
+            kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
+            if kind is not None and kind != annotation.memory_kind:
+                # One device_put changes the devices or the memory, not both (JAX
+                # 0.10 on CPU): the devices first, in the memory the value is in.
+                mesh, spec = annotation.mesh, annotation.spec
+                x = jax.device_put(x, NamedSharding(mesh, spec, memory_kind=kind))
+            return jax.device_put(x, annotation)
         mesh = _value_mesh(x)
         spec = _bridge.spec_for(annotation, tuple(x.shape), mesh, "reshard")
         return jax.device_put(x, _bridge.named_sharding(spec, mesh, annotation))
@@ -149,6 +162,15 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
     if mesh is None:
         raise ValueError(
             "reshard needs a mesh inside a trace: call it under `jax.set_mesh(mesh)`."
+        )
+    if isinstance(annotation, NamedSharding) and not same_mesh_shape(
+        mesh, annotation.mesh
+    ):
+        raise ShardingAnnotationError(
+            f"reshard: {_bridge.describe(annotation)} is on another mesh than the "
+            f"traced value ({_mesh.format_mesh(mesh)}); inside a trace a value is "
+            "laid out on the trace's mesh, whose devices `jit` fixes. Give the "
+            "spec, or a NamedSharding on that mesh."
         )
     manual = _mesh.names_of_type(mesh, AxisType.Manual)
     if manual:

@@ -16,9 +16,9 @@ from .._core import mesh as _mesh, site as _site
 from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
 from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
-from .._verdict.check import spec_check
 from .._verdict.compare import FIX
 from .._verdict.inputs import of_value
+from .._verdict.spec_check import sharding_check, spec_check
 from . import paths as _paths, walk as _tree
 from .stacked import stacked_prefixes
 
@@ -130,7 +130,7 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
         if sharded_only and not has_sharding(annotation):
             out.append(None)
         elif isinstance(annotation, NamedSharding):
-            out.append(spec_check(annotation.spec))
+            out.append(sharding_check(annotation))  # its devices too
         elif isinstance(annotation, PartitionSpec):
             out.append(spec_check(annotation))
         else:
@@ -309,10 +309,27 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
         if lead and has_sharding(annotation):
             where = "like" + jax.tree_util.keystr(like_path)
             spec = _stacked_spec(leaf, annotation, lead, where)
-            out.append(spec_check(spec))
         else:
-            out.append(spec_check(_like_spec(leaf, annotation, like_path)))
+            spec = _like_spec(leaf, annotation, like_path)
+        out.append(_like_check(leaf, spec))
     return tuple(out)
+
+
+def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
+    """What a leaf of `tree` must match: `spec` on the devices (and in the memory)
+    of a concrete `like` leaf, compared with `is_equivalent_to`; on the value's
+    own mesh for a traced or abstract one, which knows no devices."""
+    sharding = None if isinstance(leaf, Tracer) else getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        if isinstance(sharding.mesh, jax.sharding.Mesh):
+            target = NamedSharding(
+                sharding.mesh, spec, memory_kind=sharding.memory_kind
+            )
+            return sharding_check(target)
+    elif sharding is not None and len(sharding.device_set) == 1:
+        if not _spec.axes_of(_spec.entries_of(spec)):
+            return sharding_check(sharding, spec)  # on one device: that one
+    return spec_check(spec)
 
 
 def _resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:

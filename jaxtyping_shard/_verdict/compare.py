@@ -7,7 +7,7 @@ is_equivalent_to` decides; specs are never compared with `==`.
 
 from typing import Any, Optional
 
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from .._core import mesh as _mesh
 
@@ -70,3 +70,20 @@ def equivalent(cls: Any, mesh: Any, sharding: Any, ndim: int) -> bool:
         mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
     )
     return expected.is_equivalent_to(sharding, ndim)
+
+
+def device_ids(sharding: Any) -> list:
+    """The devices of a sharding, by id: in mesh order for a `NamedSharding`
+    (the order that decides which device holds which shard), else sorted."""
+    mesh = getattr(sharding, "mesh", None)
+    if isinstance(mesh, Mesh):
+        return [d.id for d in mesh.devices.flat]
+    return sorted(d.id for d in sharding.device_set)
+
+
+def same_mesh_shape(a: Any, b: Any) -> bool:
+    """Whether two meshes have the same axis names and sizes (devices aside)."""
+    return (tuple(a.axis_names), tuple(a.axis_sizes)) == (
+        tuple(b.axis_names),
+        tuple(b.axis_sizes),
+    )

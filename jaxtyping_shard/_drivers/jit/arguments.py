@@ -14,6 +14,7 @@ from ..._core import mesh as _mesh
 from ..._core.errors import ShardingTypeCheckError
 from ..._layout import bridge as _bridge, spec as _spec
 from ..._layout.spec import has_sharding
+from ..._verdict.compare import device_ids
 
 
 def place_arguments(
@@ -173,18 +174,11 @@ def _mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
     )
     mesh = _mesh.format_mesh(sharding.mesh)
     if shown == expected:  # the same layout over other devices: say which
-        shown += f"` over devices {_device_ids(actual)}"
-        mesh += f" over devices {_device_ids(sharding)}"
+        shown += f"` over devices {device_ids(actual)}"
+        mesh += f" over devices {device_ids(sharding)}"
     else:
         shown += "`"
     return (
         f"`{name}` is `{shown}, its annotation asks for `{expected}` "
         f"({_spec.format_spec(sharding.spec)}, mesh {mesh})"
     )
-
-
-def _device_ids(sharding: Any) -> list:
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return sorted(d.id for d in sharding.device_set)
-    return [d.id for d in mesh.devices.flat]
