@@ -7,13 +7,15 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import jax
-from jax.sharding import PartitionSpec
+from jax.core import Tracer
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
-from .._core.errors import ShardingAnnotationError
+from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
 from .._trees import hints as _hints, walk as _tree
+from .jit.arguments import mismatch
 
 
 def _is_tree_hint(annotation: Any) -> bool:
@@ -161,7 +163,11 @@ def typed_shard_map(
             )
     manual = None if axis_names is None else frozenset(axis_names)
 
-    def tree_specs(value: Any, hint: Any, what: str, where: Any) -> Any:
+    def tree_specs(
+        value: Any, hint: Any, what: str, where: Any, wrong: Any = None, arg: str = ""
+    ) -> Any:
+        """Specs per leaf; with `wrong`, the misplaced committed leaves of the
+        argument `arg` are added to it, by path."""
         leaves, plan = _tree.plan_for(value, hint)
         specs = []
         for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
@@ -174,6 +180,9 @@ def typed_shard_map(
                 )
             shape = tuple(jax.typeof(leaf).shape)
             spec = _bridge.spec_for(annotation, shape, where, at)
+            if wrong is not None:
+                at = arg + jax.tree_util.keystr(path)
+                _misplaced(leaf, spec, where, at, wrong)
             specs.append(_restrict(spec, manual))
         return jax.tree_util.tree_unflatten(plan.treedef, specs)
 
@@ -183,19 +192,34 @@ def typed_shard_map(
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         args = bound.args
-        where = mesh if mesh is not None else _mesh.context_mesh()
-        in_specs = tuple(
-            tree_specs(a, annotation.hint, f"parameter {p!r}", where)
-            if isinstance(annotation, _TreeHint)
-            else _spec(annotation, tuple(jax.typeof(a).shape), where, manual)
-            for annotation, a, p in zip(in_annotations, args, signature.parameters)
-        )
+        where = mesh if mesh is not None else _mesh.concrete_context_mesh()
+        wrong: list = []  # committed arguments shard_map would move silently
+        in_specs = []
+        for annotation, a, p in zip(in_annotations, args, signature.parameters):
+            if isinstance(annotation, _TreeHint):
+                what = f"parameter {p!r}"
+                specs = tree_specs(a, annotation.hint, what, where, wrong, p)
+                in_specs.append(specs)
+                continue
+            shape = tuple(jax.typeof(a).shape)
+            spec = _bridge.spec_for(annotation, shape, where, "typed_shard_map")
+            _misplaced(a, spec, where, p, wrong)
+            in_specs.append(_restrict(spec, manual))
+        if wrong:
+            raise ShardingTypeCheckError(
+                f"typed_shard_map({name}): {len(wrong)} argument"
+                f"{'s are' if len(wrong) > 1 else ' is'} placed otherwise than "
+                "annotated, and shard_map would move "
+                f"{'them' if len(wrong) > 1 else 'it'} silently:\n"
+                + "\n".join(f"  - {w}" for w in wrong)
+                + "\nPlace the data as annotated (`jts.place`, `jts.reshard`)."
+            )
 
         def mapped(out_specs: Any, check: bool) -> Any:
             return jax.shard_map(
                 fn,
                 mesh=mesh,
-                in_specs=in_specs,
+                in_specs=tuple(in_specs),
                 out_specs=out_specs,
                 axis_names=manual or frozenset(),
                 check_vma=check,
@@ -211,6 +235,24 @@ def typed_shard_map(
         return mapped(out_specs, check_vma)(*args)
 
     return wrapped
+
+
+def _misplaced(
+    value: Any, spec: PartitionSpec, mesh: Any, name: str, wrong: list
+) -> None:
+    """Adds to `wrong` a committed array whose sharding is not `spec` on the
+    mesh (`is_equivalent_to`, devices included). On Auto axes shard_map would
+    reshard it without a word; on Explicit ones JAX's error does not name it.
+    Traced values are laid out by the trace (their checks are the body's)."""
+    if isinstance(value, Tracer) or not isinstance(value, jax.Array):
+        return
+    if not isinstance(mesh, jax.sharding.Mesh):  # no devices known: its own
+        mesh = getattr(value.sharding, "mesh", None)
+    if not value.committed or not isinstance(mesh, jax.sharding.Mesh):
+        return
+    target = NamedSharding(mesh, spec)
+    if not value.sharding.is_equivalent_to(target, value.ndim):
+        wrong.append(mismatch(name, value, target))
 
 
 def _out_specs(outs: Any, mesh: Any, manual: Optional[frozenset]) -> Any:

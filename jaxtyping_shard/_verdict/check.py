@@ -23,7 +23,8 @@ from .._core.site import how_traced
 from .._layout import spec as _spec
 from . import auto as _auto, union as _union
 from .compare import (
-    device_ids,
+    agrees,
+    contrast,
     empty_fits,
     equivalent,
     FIX as _FIX,
@@ -104,7 +105,7 @@ def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
         return False
     target = getattr(cls, "_jts_target", None)
     if target is not None:
-        return _target_verdict(cls, target, sharding, ndim)
+        return agrees(sharding, target, ndim)  # devices and memory kind too
     if type(sharding) is NamedSharding:
         if missing_axes(cls, sharding.mesh):
             return False
@@ -120,48 +121,15 @@ def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
     return sharding.is_fully_replicated and shards_nothing(cls, mesh)
 
 
-def _target_verdict(cls: Any, target: Any, sharding: Any, ndim: int) -> bool:
-    """Against a concrete sharding (a `NamedSharding` annotation, a `like=` leaf):
-    JAX's verdict, devices and memory kind included."""
-    mesh = getattr(sharding, "mesh", None)
-    target_mesh = getattr(target, "mesh", None)
-    if type(sharding) is NamedSharding and not isinstance(mesh, jax.sharding.Mesh):
-        # An abstract mesh (a `jax.ShapeDtypeStruct`'s): no devices to compare.
-        if target_mesh is None or not same_mesh_shape(mesh, target_mesh):
-            return False
-        sizes = _mesh.sizes(mesh)
-        want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes)
-        got = _spec.normalise(_spec.entries_of(sharding.spec), ndim, sizes)
-        return want == got
-    return target.is_equivalent_to(sharding, ndim)
-
-
 def _target_message(cls: Any, obj: Any, sharding: Any, target: Any) -> str:
-    spec = getattr(sharding, "spec", None)
-    entries = _spec.entries_of(spec) if spec is not None else ()
-    actual = _spec.format_array(obj.dtype, obj.shape, entries)
-    expected = _spec.format_array(
-        obj.dtype, obj.shape, cls._jts.entries(len(obj.shape))
+    ndim = len(obj.shape)
+    actual, expected, there = contrast(
+        sharding, target, obj.dtype, obj.shape, cls._jts.entries(ndim)
     )
-    target_mesh = getattr(target, "mesh", None)
-    here = there = ""
-    if spec is None:
-        here = f" ({sharding})"
-    elif actual == expected:  # the same notation: say what else differs
-        mesh = sharding.mesh
-        concrete = isinstance(mesh, jax.sharding.Mesh)
-        if target_mesh is not None and not same_mesh_shape(mesh, target_mesh):
-            here = f" on the mesh {_mesh.format_mesh(mesh)}"
-        if concrete and device_ids(sharding) != device_ids(target):
-            here += f" over devices {device_ids(sharding)}"
-            there = f" over devices {device_ids(target)}"
-        elif not here:
-            here = f" in memory {sharding.memory_kind!r}"
-            there = f" in memory {target.memory_kind!r}"
+    extra = "" if hasattr(target, "mesh") else f" ({target})"
     return (
-        f"this array is `{actual}`{here}, not `{expected}`{there} as expected by "
-        f"{cls._jts.text}{'' if target_mesh is not None else f' ({target})'}. "
-        f"{_FIX}"
+        f"this array is {actual}, not {expected}{there} as expected by "
+        f"{cls._jts.text}{extra}. {_FIX}"
     )
 
 

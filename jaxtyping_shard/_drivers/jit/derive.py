@@ -21,7 +21,8 @@ over its arguments' flat leaves (`Entry.flat`): the tree was flattened here
 already to find the signature, and JAX flattening a tuple of arrays is C++ only,
 where flattening an Equinox module again would run its Python flatten per call.
 `lower`, `trace` and `eval_shape` use the tree jit, so their results take the
-arguments as the caller wrote them.
+arguments as the caller wrote them, and move nothing: what a call would place
+is given to them as a `jax.ShapeDtypeStruct` with its derived sharding.
 """
 
 import functools as ft
@@ -194,7 +195,8 @@ class AnnotatedJit:
         when `fast` and every sharded leaf is committed, the per-leaf placement
         and check, left for the caller to run if JAX refuses the arguments.
 
-        Unless `tree` (for `lower`, `trace`, `eval_shape`), a signature whose
+        With `tree` (for `lower`, `trace`, `eval_shape`) the values are
+        abstract where the call would place them. Otherwise a signature whose
         shardings are all derived is called through a `jit` over its flat leaves
         (`Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
         second time (Equinox modules flatten in Python), and the values are those
@@ -233,7 +235,8 @@ class AnnotatedJit:
                 in_leaves, jit_kwargs["in_shardings"] = self._in_shardings(
                     pos, flat, mesh
                 )
-            values = self._place(pos, flat, in_leaves)
+            # `lower`, `trace`, `eval_shape`: abstract values, nothing moved.
+            values = self._place(pos, flat, in_leaves, abstract=tree)
             if self._derive_out:
                 jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
             flattens = key is not None and self._flattens(kw)
@@ -289,7 +292,7 @@ class AnnotatedJit:
                 (lambda: pack(self._place(pos, flat, entry.in_leaves))),
             )
         if values is None:
-            values = self._place(pos, flat, entry.in_leaves)
+            values = self._place(pos, flat, entry.in_leaves, abstract=tree)
         return inner, pack(values), kw, None
 
     def _flattens(self, kw: dict) -> bool:
@@ -349,7 +352,9 @@ class AnnotatedJit:
         except Exception:
             return None
 
-    def _place(self, pos: list, flat: list, in_leaves: Any) -> tuple:
+    def _place(
+        self, pos: list, flat: list, in_leaves: Any, abstract: bool = False
+    ) -> tuple:
         return _arguments.place_arguments(
-            self._name, pos, flat, in_leaves, self._reshard
+            self._name, pos, flat, in_leaves, self._reshard, abstract
         )

@@ -94,7 +94,9 @@ def place(
     [`jaxtyping_shard.PlacementError`][] before anything is built when a local
     size does not fit the sharding and the process count (the message gives the
     size expected and the mesh axes), a global size is not divisible by its
-    shard count, or the verification fails.
+    shard count, the global array would fail its own annotation (a dtype, a
+    fixed dim, a dim name bound twice to different sizes), or the verification
+    fails.
     [`jaxtyping_shard.ShardingAnnotationError`][] when a leaf has no sharding or
     names an axis the mesh lacks.
     """
@@ -312,10 +314,15 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
         if misfit:
             misfits.append(f"  {name}: {misfit}")
     if misfits:
+        head = (
+            "the local data would not be what its annotation says"
+            if len(arrays) == 1
+            else f"{len(misfits)} of {len(arrays)} arrays of the local data would "
+            "not be what their annotations say"
+        )
         raise PlacementError(
-            f"{where}: {len(misfits)} of {len(arrays)} arrays of the local data "
-            "would not be what their annotations say (nothing was placed):\n"
-            + "\n".join(misfits)
+            f"{where}: {head} (checked as the global array, of the dtype JAX would "
+            "give it; nothing was placed):\n" + "\n".join(misfits)
         )
     if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
