@@ -41,7 +41,14 @@ from ..._rules import scope as _rules
 from ..._trees import hints as _hints, walk as _tree
 from ..._trees.signature import parameter_hint
 from . import arguments as _arguments
-from .entry import Entry, flat_leaves, Speculation, STALE_LIMIT
+from .entry import (
+    BACKOFF,
+    BACKOFF_LIMIT,
+    Entry,
+    flat_leaves,
+    Speculation,
+    STALE_LIMIT,
+)
 
 
 ANNOTATIONS = "annotations"
@@ -94,6 +101,9 @@ class AnnotatedJit:
         # entry the last ordinary call went through, see `_jit_entry`.
         self._last: dict[str, Speculation] = {}
         self._stale = 0  # speculative calls failed in a row
+        # After STALE_LIMIT misses in a row: no speculation for `_pause` more
+        # ordinary calls, then one try; a try that misses doubles the pause.
+        self._pause, self._window = 0, BACKOFF
         self._name = getattr(fun, "__qualname__", None) or repr(fun)
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
@@ -110,9 +120,15 @@ class AnnotatedJit:
                 self._stale += 1
                 self._last.pop(last.mode, None)
                 if self._stale >= STALE_LIMIT:
+                    # Back off (the signature alternates, say): a few ordinary
+                    # calls, then one more try, so that a steady loop after a
+                    # train/eval interleave is speculative again.
                     self._last.clear()
+                    self._pause = self._window
+                    self._window = min(2 * self._window, BACKOFF_LIMIT)
             else:
-                self._stale = 0
+                if self._stale:
+                    self._stale, self._window = 0, BACKOFF
                 return out
         inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
         if slow is None:
@@ -271,7 +287,7 @@ class AnnotatedJit:
             and not kwargs
             and not kw
             and len(args) == len(pos)
-            and self._stale < STALE_LIMIT
+            and self._may_speculate()
         ):
             # The next call may go straight to this entry's tree jit (see
             # `_jit_entry`): this call fills JAX's C++ cache with its signature.
@@ -294,6 +310,14 @@ class AnnotatedJit:
         if values is None:
             values = self._place(pos, flat, entry.in_leaves, abstract=tree)
         return inner, pack(values), kw, None
+
+    def _may_speculate(self) -> bool:
+        """Whether this ordinary call may make the next one speculative: not
+        while backing off (each call asked counts down the pause)."""
+        if self._pause:
+            self._pause -= 1
+            return False
+        return True
 
     def _flattens(self, kw: dict) -> bool:
         """Whether calls may go through the flat `jit`: every sharding derived, no
