@@ -232,22 +232,35 @@ def _layout(annotation, checker, mesh, x, given, where) -> tuple:
 
 
 def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
-    """The sharding and the global shape it makes of the local data, resolved
-    with that global shape. On one process it is the local shape; with
-    `global_shape=`, that; on several processes it depends on the sharding, so
-    the two are found together: a sharding whose global shape resolves to it."""
-    shape = tuple(local_shape)  # the global shape on one process
-    for _ in range(_ROUNDS):
-        sharding = _sharding(annotation, mesh, shape, where)
-        found = _rows.global_shape_of(sharding, local_shape, given, where)
-        if found == shape:
-            return sharding, shape
-        shape = found
-    raise PlacementError(
+    """The sharding, and the global shape it makes of the local data, resolved
+    for that global shape (as a check of the array will resolve it).
+
+    With `global_shape=`, that shape. Otherwise it depends on the sharding (on
+    one process it is the local shape; on several, a dim split over processes
+    is a multiple of it), so the two are found together: a sharding whose global
+    shape resolves to itself, starting from the rules' first choice (by rank),
+    else from the local shape."""
+    local = tuple(local_shape)
+    if given is not None and len(given) == len(local):
+        starts: list = [tuple(int(n) for n in given)]
+    else:
+        starts = [len(local), local]
+    error: Optional[PlacementError] = None
+    for shape in starts:
+        try:
+            for _ in range(_ROUNDS):
+                sharding = _sharding(annotation, mesh, shape, where)
+                found = _rows.global_shape_of(sharding, local, given, where)
+                if found == shape:
+                    return sharding, shape
+                shape = found
+        except PlacementError as failed:  # the local data does not fit it
+            error = failed
+    raise error or PlacementError(
         f"{where}: the sharding of {_bridge.describe(annotation)} under the axis "
-        f"rules in force depends on the global shape, which depends on the "
-        f"sharding; no choice is consistent for the local data of shape "
-        f"{tuple(local_shape)}. Pass `global_shape=`."
+        "rules in force depends on the global shape, which depends on the "
+        "sharding, and no choice is consistent for the local data of shape "
+        f"{local}. Pass `global_shape=`."
     )
 
 
