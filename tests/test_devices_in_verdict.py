@@ -78,7 +78,7 @@ def _passes(check):
 def test_tree_checks_agree_with_is_equivalent_to(actual, target, same):
     if same:  # equivalent half of the time at least, to exercise the passes
         target = actual
-    x = jax.device_put(jnp.ones(SHAPE), actual)
+    x = jax.device_put(np.ones(SHAPE, np.float32), actual)
     expected = target.is_equivalent_to(x.sharding, 2)
     like = jax.device_put(np.zeros(SHAPE, np.float32), target)
     abstract = jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=actual)
@@ -103,17 +103,25 @@ def test_tree_checks_agree_with_is_equivalent_to(actual, target, same):
             if path != "abstract":  # the same notation: the devices are named
                 assert "over devices" in message, message
     assert not fetched(x)
-    moved = jts.reshard(x, target)
+    try:
+        moved = jts.reshard(x, target)
+    except (jax.errors.JaxRuntimeError, ValueError):
+        # XLA in JAX 0.8 on CPU cannot reshard across memory kinds (side-effect
+        # custom calls "cannot be replicated"); JAX 0.10 makes every such move.
+        assert actual.memory_kind != target.memory_kind
+        assert jax.__version_info__ < (0, 10)
+        return
     assert moved.sharding == target  # its devices, spec and memory kind
 
 
 def test_the_issue_instances():
     # An array on 4 of the 8 devices, and one on the devices in reverse order,
     # pass where `is_equivalent_to` says no (before: only the spec compared).
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    kinds = (AxisType.Explicit,) * 2
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=kinds)
     devices = np.asarray(jax.devices())
-    reverse = Mesh(devices[::-1].reshape(4, 2), ("data", "model"))
-    four = Mesh(devices[:4].reshape(2, 2), ("data", "model"))
+    reverse = Mesh(devices[::-1].reshape(4, 2), ("data", "model"), axis_types=kinds)
+    four = Mesh(devices[:4].reshape(2, 2), ("data", "model"), axis_types=kinds)
     params = {"w": jax.device_put(jnp.ones(SHAPE), NamedSharding(mesh, P("data")))}
     for other in (reverse, four):
         grads = {"w": jax.device_put(jnp.ones(SHAPE), NamedSharding(other, P("data")))}
