@@ -48,8 +48,8 @@ def _annotation_of(annotation: Any, what: str, fn_name: str) -> Any:
 def _spec(
     annotation: Any, shape: Any, mesh: Any, axis_names: Optional[frozenset]
 ) -> PartitionSpec:
-    # Logical annotations resolve with the rules in force at the call: an
-    # argument with its global shape, a return by rank (see `_out_specs`).
+    # A return's spec: logical annotations resolve with the rules in force at
+    # the call, by rank (see `_out_specs`).
     spec = _bridge.spec_for(annotation, shape, mesh, "typed_shard_map")
     return _restrict(spec, axis_names)
 

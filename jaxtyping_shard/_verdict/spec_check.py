@@ -79,12 +79,12 @@ def sharding_check(target: Any, spec: Optional[PartitionSpec] = None) -> SpecChe
     devices, in the same memory). What a `NamedSharding` annotation means, and a
     concrete `like=` leaf's sharding. `spec`: the layout to show, and to check
     traced values with, which know no devices (default: the target's)."""
-    spec = target.spec if spec is None else spec
-    shown = _spec.format_spec(spec)
+    layout: PartitionSpec = target.spec if spec is None else spec
+    shown = _spec.format_spec(layout)
     mesh = getattr(target, "mesh", None)
     text = (
         f"NamedSharding(mesh {_mesh.format_mesh(mesh)}, {shown})"
         if isinstance(mesh, jax.sharding.Mesh)
         else shown
     )
-    return SpecCheck(_spec.Layout(validate_spec(spec, text), (), text), target)
+    return SpecCheck(_spec.Layout(validate_spec(layout, text), (), text), target)
