@@ -69,49 +69,55 @@ def _passes(check):
     return ""
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(actual=shardings(), target=shardings(), same=st.booleans())
-def test_tree_checks_agree_with_is_equivalent_to(actual, target, same):
-    if same:  # equivalent half of the time at least, to exercise the passes
-        target = actual
-    x = jax.device_put(np.ones(SHAPE, np.float32), actual)
-    expected = target.is_equivalent_to(x.sharding, 2)
-    like = jax.device_put(np.zeros(SHAPE, np.float32), target)
-    abstract = jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=actual)
-    with no_transfers():
-        verdicts = {
-            "annotation": _passes(lambda: jts.check_tree({"x": x}, {"x": target})),
-            "like": _passes(lambda: jts.check_tree({"x": x}, like={"x": like})),
-            "like, annotated": _passes(
-                lambda: jts.check_tree(
-                    _holder(target.spec)(x), like=_holder(target.spec)(like)
-                )
-            ),
-            "abstract": _passes(lambda: jts.check_tree({"x": abstract}, {"x": target})),
-        }
-    for path, message in verdicts.items():
-        assert (message == "") == expected, (path, actual, target, message)
-        if (
-            message
-            and actual.spec == target.spec
-            and actual.memory_kind == target.memory_kind
-        ):
-            if path != "abstract":  # the same notation: the devices are named
-                assert "over devices" in message, message
-    assert not fetched(x)
-    try:
-        moved = jts.reshard(x, target)
-    except (jax.errors.JaxRuntimeError, ValueError):
-        # XLA in JAX 0.8 on CPU cannot reshard across memory kinds (side-effect
-        # custom calls "cannot be replicated"); JAX 0.10 makes every such move.
-        assert actual.memory_kind != target.memory_kind
-        assert jax.__version_info__ < (0, 10)
-        return
-    assert moved.sharding == target  # its devices, spec and memory kind
+def test_tree_checks_agree_with_is_equivalent_to(slow):
+    @settings(
+        max_examples=600 if slow else 60,
+        deadline=None,
+        derandomize=not slow,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(actual=shardings(), target=shardings(), same=st.booleans())
+    def run(actual, target, same):
+        if same:  # equivalent half of the time at least, to exercise the passes
+            target = actual
+        x = jax.device_put(np.ones(SHAPE, np.float32), actual)
+        expected = target.is_equivalent_to(x.sharding, 2)
+        like = jax.device_put(np.zeros(SHAPE, np.float32), target)
+        abstract = jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=actual)
+        with no_transfers():
+            verdicts = {
+                "annotation": _passes(lambda: jts.check_tree({"x": x}, {"x": target})),
+                "like": _passes(lambda: jts.check_tree({"x": x}, like={"x": like})),
+                "like, annotated": _passes(
+                    lambda: jts.check_tree(
+                        _holder(target.spec)(x), like=_holder(target.spec)(like)
+                    )
+                ),
+                "abstract": _passes(
+                    lambda: jts.check_tree({"x": abstract}, {"x": target})
+                ),
+            }
+        for path, message in verdicts.items():
+            assert (message == "") == expected, (path, actual, target, message)
+            if (
+                message
+                and actual.spec == target.spec
+                and actual.memory_kind == target.memory_kind
+            ):
+                if path != "abstract":  # the same notation: the devices are named
+                    assert "over devices" in message, message
+        assert not fetched(x)
+        try:
+            moved = jts.reshard(x, target)
+        except (jax.errors.JaxRuntimeError, ValueError):
+            # XLA in JAX 0.8 on CPU cannot reshard across memory kinds (side-effect
+            # custom calls "cannot be replicated"); JAX 0.10 makes every such move.
+            assert actual.memory_kind != target.memory_kind
+            assert jax.__version_info__ < (0, 10)
+            return
+        assert moved.sharding == target  # its devices, spec and memory kind
+
+    run()
 
 
 def test_the_issue_instances():

@@ -245,7 +245,7 @@ def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
         starts: list = [tuple(int(n) for n in given)]
     else:
         starts = [len(local), local]
-    error: Optional[PlacementError] = None
+    error: Optional[Exception] = None
     for shape in starts:
         try:
             for _ in range(_ROUNDS):
@@ -254,7 +254,10 @@ def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
                 if found == shape:
                     return sharding, shape
                 shape = found
-        except PlacementError as failed:  # the local data does not fit it
+        except (PlacementError, ShardingAnnotationError) as failed:
+            # The local data does not fit that sharding, or the rules find none
+            # for that shape (a fallback the rank alone cannot choose): the next
+            # start; the last one's error is the answer.
             error = failed
     raise error or PlacementError(
         f"{where}: the sharding of {_bridge.describe(annotation)} under the axis "
