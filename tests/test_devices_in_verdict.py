@@ -110,9 +110,10 @@ def test_tree_checks_agree_with_is_equivalent_to(slow):
         try:
             moved = jts.reshard(x, target)
         except (jax.errors.JaxRuntimeError, ValueError):
-            # XLA in JAX 0.8 on CPU cannot reshard across memory kinds (side-effect
-            # custom calls "cannot be replicated"); JAX 0.10 makes every such move.
-            assert actual.memory_kind != target.memory_kind
+            # XLA in JAX 0.8 on CPU cannot reshard data in pinned host memory
+            # (side-effect custom calls "cannot be replicated"); JAX 0.10 makes
+            # every such move.
+            assert "pinned_host" in (actual.memory_kind, target.memory_kind)
             assert jax.__version_info__ < (0, 10)
             return
         assert moved.sharding == target  # its devices, spec and memory kind
