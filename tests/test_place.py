@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float, Int
+from jaxtyping_shard import Float, Int, Shaped
 from jaxtyping_shard._drivers.place import rows as _rows, verify as _verify
 
 
@@ -107,7 +107,7 @@ def test_place_tree_by_fields_hint_and_annotation_tree(mesh):
     assert placed.table.sharding.is_equivalent_to(NamedSharding(mesh, P()), 1)
     as_dict = {"tokens": _tokens(), "mask": np.ones((16, 8), np.bool_)}
     by_tree = jts.place(as_dict, {"tokens": Tokens, "mask": P("data")}, mesh)
-    by_hint = jts.place(as_dict, dict[str, Int[Array, "b s", P("data")]], mesh)
+    by_hint = jts.place(as_dict, dict[str, Shaped[Array, "b s", P("data")]], mesh)
     assert by_tree["mask"].sharding.spec == P("data", None)
     assert by_hint["tokens"].sharding.spec == P("data", None)
     np.testing.assert_array_equal(np.asarray(by_tree["mask"]), as_dict["mask"])

@@ -96,5 +96,5 @@ def sharding_for_leaf(
         return annotation
     where = "tree" + jax.tree_util.keystr(path)
     shape = tuple(getattr(leaf, "shape", ()))
-    spec = _bridge.spec_for(annotation, len(shape), where, shape=shape, mesh=mesh)
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)

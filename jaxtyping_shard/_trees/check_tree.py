@@ -9,9 +9,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge
+from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding
-from .._verdict.check import spec_check
+from .._verdict.inputs import of_value
+from .._verdict.spec_check import sharding_check, spec_check
 from . import leaves as _leaves, paths as _paths, walk as _tree
 from .stacked import stacked_prefixes
 
@@ -177,7 +178,7 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
         if sharded_only and not has_sharding(annotation):
             out.append(None)
         elif isinstance(annotation, NamedSharding):
-            out.append(spec_check(annotation.spec))
+            out.append(sharding_check(annotation))  # its devices too
         elif isinstance(annotation, PartitionSpec):
             out.append(spec_check(annotation))
         else:
@@ -216,7 +217,7 @@ def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partit
     rest = shape[len(lead) :]
     if not has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
-    spec = _resolved_spec(leaf, annotation, rest, where)
+    spec = _resolved_spec(leaf, annotation, len(lead), where)
     entries = tuple(spec) + (None,) * (len(rest) - len(spec))
     return PartitionSpec(*lead, *entries)
 
@@ -245,30 +246,42 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
         if lead and has_sharding(annotation):
             where = "like" + jax.tree_util.keystr(like_path)
             spec = _stacked_spec(leaf, annotation, lead, where)
-            out.append(spec_check(spec))
         else:
-            out.append(spec_check(_like_spec(leaf, annotation, like_path)))
+            spec = _like_spec(leaf, annotation, like_path)
+        out.append(_like_check(leaf, spec))
     return tuple(out)
 
 
-def _resolved_spec(
-    leaf: Any, annotation: Any, dims: tuple, where: str
-) -> PartitionSpec:
-    """A sharded annotation's spec for `dims` (the leaf's shape after any stacked
-    dims), resolved as a check of that leaf would: with the shape (fallback lists
-    skip candidates that do not divide) and the leaf's mesh; inside shard_map the
-    shape is a local one, so by rank only."""
-    mesh = _leaf_mesh(leaf)
-    manual = mesh is not None and AxisType.Manual in mesh.axis_types
-    known = None if manual and isinstance(leaf, Tracer) else dims
-    return _bridge.spec_for(annotation, len(dims), where, shape=known, mesh=mesh)
+def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
+    """What a leaf of `tree` must match: `spec` on the devices (and in the memory)
+    of a concrete `like` leaf, compared with `is_equivalent_to`; on the value's
+    own mesh for a traced or abstract one, which knows no devices."""
+    sharding = None if isinstance(leaf, Tracer) else getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        if isinstance(sharding.mesh, jax.sharding.Mesh):
+            target = NamedSharding(
+                sharding.mesh, spec, memory_kind=sharding.memory_kind
+            )
+            return sharding_check(target)
+    elif sharding is not None and len(sharding.device_set) == 1:
+        if not _spec.axes_of(_spec.entries_of(spec)):
+            return sharding_check(sharding, spec)  # on one device: that one
+    return spec_check(spec)
+
+
+def _resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
+    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
+    its shape, or inside shard_map its rank, and its mesh)."""
+    shape, mesh = of_value(leaf)
+    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
+    return _bridge.spec_for(annotation, dims, mesh, where)
 
 
 def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
-    shape = tuple(getattr(leaf, "shape", ()))
     where = "like" + jax.tree_util.keystr(path)
     if has_sharding(annotation):
-        return _resolved_spec(leaf, annotation, shape, where)
+        return _resolved_spec(leaf, annotation, 0, where)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)
@@ -297,11 +310,3 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
         f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
         "mesh axes to compare with. Place it with a NamedSharding."
     )
-
-
-def _leaf_mesh(leaf: Any) -> Any:
-    """The mesh a leaf of `like` lives on: its own, its type's, or the context's."""
-    if isinstance(leaf, Tracer):
-        return _mesh.of_aval(jax.typeof(leaf))
-    mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-    return mesh if mesh is not None and not mesh.empty else _mesh.context_mesh()

@@ -95,10 +95,9 @@ def leaf_shardings(
         try:
             inner = _bridge.spec_for(
                 annotation,
-                len(shape) - len(lead),
+                shape[len(lead) :],
+                mesh,  # logical annotations resolve here, with the rules in force
                 name,
-                shape=shape[len(lead) :],
-                mesh=mesh,  # logical annotations resolve here, with the rules in force
             )
         except ShardingAnnotationError as error:
             fixed = _bridge.fixed_rank(annotation)
