@@ -176,12 +176,18 @@ def test_warn_mode_warns_in_the_calling_thread(mesh_auto):
 def test_internals_the_check_leans_on(mesh_auto):
     from jax._src import dispatch
 
-    from jaxtyping_shard._verdict import auto as _compile_check, primitive as _primitive
+    from jaxtyping_shard._verdict import (
+        compiles as _compiles,
+        custom_call as _custom_call,
+        primitive as _primitive,
+    )
 
     # JAX gives the lowering its devices only for primitives in this set.
     assert _primitive.check_sharding_p in dispatch.prim_requires_devices_during_lowering
-    # The compile event our listener waits for still fires, in this thread.
-    assert dispatch.BACKEND_COMPILE_EVENT == _compile_check._COMPILE_EVENT
+    # The events our listeners wait for: the end of a compile (raised there) and
+    # of a lowering (the checks' final keys: tests/test_persistent_cache.py).
+    assert dispatch.BACKEND_COMPILE_EVENT == _compiles._COMPILE_EVENT
+    assert dispatch.JAXPR_TO_MLIR_MODULE_EVENT == _custom_call.LOWERING_EVENT
     # DCE keeps a control-flow equation that holds a check, outputs unused.
     f = make_identity("beartype", WRONG, WRONG)
     x = place(mesh_auto, (8, 4), P("data"))
