@@ -145,8 +145,8 @@ def walk_custom_calls(operation: Any, callback: Any) -> None:
     """Calls `callback(op)` on the custom calls under an MLIR `operation`, in order
     (and on other ops too where the bindings cannot filter: `callback` must check).
 
-    `Operation.walk` takes `op_class` (filtered in C++) from the MLIR bindings of
-    jaxlib 0.10; those of 0.8 pass every op to the callback.
+    `Operation.walk` takes `op_class` (filtered in C++) in the MLIR bindings of
+    jaxlib 0.10 and 0.12; those of 0.8 pass every op to the callback.
     """
     if "op_class" in (ir.Operation.walk.__doc__ or ""):
         operation.walk(callback, ir.WalkOrder.PRE_ORDER, op_class=hlo.CustomCallOp)
