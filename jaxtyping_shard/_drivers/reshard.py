@@ -20,7 +20,6 @@ from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
 from .._trees import hints as _hints, walk as _tree
-from .._verdict.constraints import remember
 
 
 def reshard(x: Any, annotation: Any = None) -> Any:
@@ -158,7 +157,6 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
         x = jax.sharding.reshard(x, _only(spec, explicit))
     if auto:
         x = jax.lax.with_sharding_constraint(x, _only(spec, auto) if explicit else spec)
-        remember(x, spec)
     return x
 
 

@@ -14,12 +14,14 @@ from jaxtyping._storage import _shape_storage
 
 from .._core import mesh as _mesh, site as _site
 from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
+from .._core.failures import warn_at_user_line
+from .._core.modes import current_mode
 from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.check import spec_check
 from .._verdict.compare import FIX
 from . import paths as _paths, walk as _tree
-from .stacked import stacked_prefixes
+from .stacked import rank_mismatch, stacked_prefixes
 
 
 T = TypeVar("T")
@@ -163,6 +165,11 @@ def leaf_failures(
                 continue
             if type(checker) is _Missing:
                 reason = checker.reason
+                if checker.layout and current_mode() != "check":
+                    # A layout mismatch: warned (mode "warn") or not checked.
+                    if current_mode() == "warn":
+                        warn_at_user_line(f"{_paths.path_name(name, path)}: {reason}")
+                    continue
             elif isinstance(leaf, Tracer) and not name_sites:
                 reason = _reason(checker, leaf)
             elif isinstance(leaf, Tracer):
@@ -244,10 +251,13 @@ def error(what: str, failures: list, total: int) -> ShardingTypeCheckError:
 
 
 class _Missing:
-    """A leaf of `tree` with no counterpart in `like`: always a failure."""
+    """A failure known before any check: a leaf of `tree` with no counterpart in
+    `like` (always), or a stacked leaf whose rank cannot hold its layout
+    (`layout=True`: a sharding mismatch, as the mode says)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, layout: bool = False):
         self.reason = reason
+        self.layout = layout
 
 
 def _stacked_checkers(
@@ -265,11 +275,9 @@ def _stacked_checkers(
 
 
 def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
-    shape = tuple(getattr(leaf, "shape", ()))
-    if len(shape) < len(lead):
-        return _Missing(
-            f"rank {len(shape)}: fewer dims than its {len(lead)} declared stacked"
-        )
+    wrong = rank_mismatch(leaf, annotation, lead)
+    if wrong:
+        return _Missing(wrong, layout=True)
     spec = _stacked_spec(leaf, annotation, lead, where)
     return spec_check(spec)
 
@@ -306,6 +314,10 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
             continue
         leaf, annotation, like_path, lead = found
         if lead and has_sharding(annotation):
+            wrong = rank_mismatch(leaf, annotation, lead)
+            if wrong:
+                out.append(_Missing(f"`like` leaf of {wrong}", layout=True))
+                continue
             where = "like" + jax.tree_util.keystr(like_path)
             spec = _stacked_spec(leaf, annotation, lead, where)
             out.append(spec_check(spec))

@@ -252,13 +252,11 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
 
 
 def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) -> str:
-    """The verdict, at trace time, on a value `jts.reshard` constrained (Auto axes).
-
-    XLA must lay such a value out as constrained, so its check need not wait for
-    the compile, and the culprit is reported where the constraint is, before the
-    values XLA would propagate the layout to.
-    """
-    spec = constrained_spec(obj)
+    """The verdict, at trace time, on a value a sharding constraint produced (Auto
+    axes; see `constraints`): XLA must lay it out as constrained, so the culprit
+    is reported at the constraint, before the values XLA would propagate its
+    layout to."""
+    spec = constrained_spec(obj, mesh)
     if spec is None:
         return ""
     ndim = len(aval.shape)
@@ -271,8 +269,9 @@ def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) ->
         return ""  # another member of a Union may accept it: left to the compile
     shown = _spec.format_array(aval.dtype, aval.shape, got)
     return (
-        f"{_noun(obj)} is laid out as `{shown}` by `jts.reshard` (a constraint XLA "
-        f"keeps), not {cls._jts.text} as expected by the type hint (mesh "
+        f"{_noun(obj)} is laid out as `{shown}` by a sharding constraint "
+        "(`jax.lax.with_sharding_constraint` or `jts.reshard`, which XLA keeps), "
+        f"not {cls._jts.text} as expected by the type hint (mesh "
         f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
     )
 

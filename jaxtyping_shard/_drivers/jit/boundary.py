@@ -16,6 +16,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Optional
 
+from ..._annotation.entry import entry_of
 from ..._core.modes import current_mode
 from ..._trees import check_tree as _check_tree, hints as _hints, walk as _tree
 
@@ -31,8 +32,9 @@ def checked(fun: Callable) -> Callable:
         if current_mode() == "off":
             return fun(*args, **kwargs)
         if not info:
-            info.append(_read(fun))
-        signature, hints = info[0]
+            info.append((*_read(fun), entry_of(fun, _hints.field_hints)))
+        signature, hints, entry = info[0]
+        entry.check(args, kwargs)  # every logical annotation resolves, first
         failures: list = []
         total = 0
         for param, value, hint in _arguments(signature, hints, args, kwargs):
