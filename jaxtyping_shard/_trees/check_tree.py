@@ -87,7 +87,8 @@ def check_tree(
         `{pattern: ('pipe',)}`) declares the extra leading dims of the leaves
         whose key path matches (layers stacked with `eqx.filter_vmap`). Those
         leaves are checked for their sharding (the declared leading entries, then
-        their annotation's) and rank, not for dim names. With `like`, the
+        their annotation's) and rank, not for dim names; a leaf whose rank
+        cannot hold both is one mismatch among the others. With `like`, the
         pattern applies to `like`'s leaves, whose annotations describe one layer.
     - `name`: how the tree is named in messages: `params['layers'][0]['w_in']`.
 
