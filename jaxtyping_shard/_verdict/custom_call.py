@@ -126,7 +126,8 @@ def emit(ctx: Any, value: Any, target: Any, index: int, value_mesh: Any) -> None
     module.types[index] = str(ir.RankedTensorType(value.type).element_type)
     key = f"{_PENDING}:{module.token}:{index}"
     _register(key, module, (index,))
-    _custom_call([value], key)
+    # A call merged when the lowering ends needs no sharding rule of its own.
+    _custom_call([value], key, rule=module.ir_module is None)
 
 
 def _compile_mesh(axis_context: Any, value_mesh: Any) -> Any:
@@ -158,7 +159,7 @@ def _mesh_over(devices: tuple, abstract: Any) -> Any:
     )
 
 
-def _custom_call(operands: list, key: str, ip: Any = None) -> Any:
+def _custom_call(operands: list, key: str, ip: Any = None, rule: bool = True) -> Any:
     """One `jts_check_sharding` call on `operands`, results unused: each result is
     its operand (Shardy: a pointwise rule; GSPMD: `_infer`, `_propagate_user`)."""
     types = [v.type for v in operands]
@@ -174,7 +175,7 @@ def _custom_call(operands: list, key: str, ip: Any = None) -> Any:
         result_layouts=None,
         ip=ip,
     )
-    if jax.config.jax_use_shardy_partitioner:  # pyright: ignore[reportAttributeAccessIssue]
+    if rule and jax.config.jax_use_shardy_partitioner:  # pyright: ignore[reportAttributeAccessIssue]
         op.attributes["sdy.sharding_rule"] = _pointwise_rule(types)
     return op
 
@@ -306,7 +307,7 @@ def finalize(module: Module) -> None:
             for index in indices:
                 digest.update(module.target.fingerprint(index).encode())
         name = digest.hexdigest()[:32]
-        pending = list(module.keys)
+        pending, module.keys = module.keys, []
         for number, (call, indices) in enumerate(merged):
             key = f"{_FINAL}:{name}:{number}"
             call.attributes["backend_config"] = ir.StringAttr.get(key)
