@@ -109,6 +109,23 @@ def test_a_parameter_annotation_is_named(mesh):
     assert not ran
 
 
+@jts.jaxtyped(typechecker=beartype)
+def _forward(x: "Rows") -> "LaterWide":  # a name defined after the function
+    _FORWARD_RAN.append(True)
+    return x @ jnp.ones((5, 6))
+
+
+LaterWide = Wide
+_FORWARD_RAN: list = []
+
+
+def test_hints_are_read_at_the_first_call(mesh):
+    with jax.set_mesh(mesh), jts.axis_rules(BAD["no rule"]):
+        with pytest.raises(jts.ShardingAnnotationError, match="return annotation"):
+            _forward(place(mesh, (8, 4), P("data")))
+    assert not _FORWARD_RAN
+
+
 def test_the_jit_boundary_resolves_tree_hints_on_entry(mesh):
     # A return hint that is a tree (a dict of annotated leaves): `jts.jit`'s
     # boundary checks its leaves after the body; their annotations resolve first.

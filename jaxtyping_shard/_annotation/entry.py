@@ -34,17 +34,28 @@ _SEEN_LIMIT = 64
 
 
 class Entry:
-    """The logical annotations of one function's signature, checked on entry."""
+    """The logical annotations of one function's signature, checked on entry.
 
-    def __init__(self, name: str, annotations: list[tuple[str, Any]]):
-        self.name = name
-        self.annotations = annotations
+    Read at the first call (the names a hint uses may be defined after the
+    function), through decorators; `fields(cls)` gives a class's field hints, for
+    callers that check the fields of modules and dataclasses.
+    """
+
+    def __init__(self, fn: Callable, fields: Optional[Callable] = None):
+        self._fn = inspect.unwrap(fn)
+        self._fields = fields
+        self.name = getattr(self._fn, "__qualname__", None) or repr(fn)
+        self.annotations: Optional[list[tuple[str, Any]]] = None
         self._resolved: set = set()  # (rules, mesh) under which all resolve
 
     def check(self, args: tuple, kwargs: dict) -> None:
         """Raises `ShardingAnnotationError` for the first annotation of the
         signature that the rules in force cannot resolve on the call's mesh."""
-        if not self.annotations or mode_reader.value == "off":
+        if mode_reader.value == "off":
+            return
+        if self.annotations is None:
+            self.annotations = _logical_signature(self._fn, self._fields)
+        if not self.annotations:
             return
         rules = _current_rules()
         mesh = _call_mesh(args, kwargs)
@@ -66,11 +77,8 @@ class Entry:
         self._resolved.add(key)
 
 
-def entry_of(fn: Callable, fields: Optional[Callable] = None) -> Entry:
-    """The `Entry` of `fn` (through decorators); `fields(cls)` gives a class's
-    field hints, for callers that check the fields of modules and dataclasses."""
-    target = inspect.unwrap(fn)
-    name = getattr(target, "__qualname__", None) or repr(fn)
+def _logical_signature(target: Callable, fields: Optional[Callable]) -> list:
+    """`(what, annotation)` for each logical annotation of `target`'s signature."""
     hints = _hints_of(target)
     try:
         parameters = list(inspect.signature(target).parameters)
@@ -87,7 +95,7 @@ def entry_of(fn: Callable, fields: Optional[Callable] = None) -> Entry:
         )
         for cls in logical_annotations(hints[parameter], fields):
             found.append((what, cls))
-    return Entry(name, found)
+    return found
 
 
 def _hints_of(target: Callable) -> dict:

@@ -23,7 +23,7 @@ import jaxtyping
 from .._core.errors import ShardingTypeCheckError
 from .._core.failures import pop_records, push_records
 from .._core.site import Site
-from .entry import Entry, entry_of
+from .entry import Entry
 
 
 _SENTINEL: Any = object()
@@ -102,9 +102,9 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
         init = checked.__init__
         if getattr(init, "_jts_reasons", False) or init is object.__init__:
             return checked
-        checked.__init__ = _with_reasons(init, entry_of(init))
+        checked.__init__ = _with_reasons(init, Entry(init))
         return checked
-    return _with_reasons(checked, entry_of(fn))
+    return _with_reasons(checked, Entry(fn))
 
 
 def _with_reasons(checked: Callable, entry: Entry) -> Callable:

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..._annotation.entry import entry_of
+from ..._annotation.entry import Entry
 from ..._core.modes import current_mode
 from ..._trees import check_tree as _check_tree, hints as _hints, walk as _tree
 
@@ -26,15 +26,16 @@ def checked(fun: Callable) -> Callable:
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", repr(fun))
     where = f"jaxtyping_shard.jit({name})"
     info: list = []  # (signature, hints), read at the first call
+    entry = Entry(fun, _hints.field_hints)
 
     @ft.wraps(fun)
     def boundary(*args: Any, **kwargs: Any) -> Any:
         if current_mode() == "off":
             return fun(*args, **kwargs)
-        if not info:
-            info.append((*_read(fun), entry_of(fun, _hints.field_hints)))
-        signature, hints, entry = info[0]
         entry.check(args, kwargs)  # every logical annotation resolves, first
+        if not info:
+            info.append(_read(fun))
+        signature, hints = info[0]
         failures: list = []
         total = 0
         for param, value, hint in _arguments(signature, hints, args, kwargs):
