@@ -106,7 +106,7 @@ def check_resolvable(
     sizes = _validate(layout, names, axes, rules, where)
     assert rules is not None  # `_validate` raised otherwise
     named = [n for n in names if n is not None]
-    if rules.linen or all(len(rules.candidates(n)) == 1 for n in named):
+    if rules.linen or all(len(rules.candidates(n) or ()) == 1 for n in named):
         _assign(names, layout.min_rank, sizes, rules, layout, where)
 
 
