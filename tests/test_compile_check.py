@@ -1,6 +1,9 @@
 """The compile-time check (Auto mesh axes): layouts XLA may choose, transformations
 that meet it, one error per compile, and the JAX internals it leans on."""
 
+import re
+import warnings
+
 import jax
 import jax.numpy as jnp
 import jaxtyping
@@ -176,12 +179,18 @@ def test_warn_mode_warns_in_the_calling_thread(mesh_auto):
 def test_internals_the_check_leans_on(mesh_auto):
     from jax._src import dispatch
 
-    from jaxtyping_shard._verdict import auto as _compile_check, primitive as _primitive
+    from jaxtyping_shard._verdict import (
+        compiles as _compiles,
+        custom_call as _custom_call,
+        primitive as _primitive,
+    )
 
     # JAX gives the lowering its devices only for primitives in this set.
     assert _primitive.check_sharding_p in dispatch.prim_requires_devices_during_lowering
-    # The compile event our listener waits for still fires, in this thread.
-    assert dispatch.BACKEND_COMPILE_EVENT == _compile_check._COMPILE_EVENT
+    # The events our listeners wait for: the end of a compile (raised there) and
+    # of a lowering (the checks' final keys: tests/test_persistent_cache.py).
+    assert dispatch.BACKEND_COMPILE_EVENT == _compiles._COMPILE_EVENT
+    assert dispatch.JAXPR_TO_MLIR_MODULE_EVENT == _custom_call.LOWERING_EVENT
     # DCE keeps a control-flow equation that holds a check, outputs unused.
     f = make_identity("beartype", WRONG, WRONG)
     x = place(mesh_auto, (8, 4), P("data"))
@@ -210,3 +219,67 @@ def test_checks_survive_clearing_jax_monitoring_listeners(mesh_auto):
     f = make_identity("beartype", WRONG, WRONG)
     with pytest.raises(jts.ShardingTypeCheckError):
         jax.jit(lambda v: f(v) * 2)(place(mesh_auto, (8, 4), P("data")))
+
+
+def _program(hlo_text: str) -> list[str]:
+    """A compiled module's instructions, sorted (the schedule may order independent
+    ones otherwise), without names, metadata and source tables."""
+    kept, table = [], False
+    for line in hlo_text.splitlines()[1:]:  # the first names the module
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            table = True
+        elif not line.strip():
+            table = False
+        elif not table:
+            line = re.sub(r", metadata=\{[^}]*\}", "", line)
+            kept.append(re.sub(r"([%\w-]+)\.\d+\b", r"\1", line))  # numbering
+    return sorted(kept)
+
+
+@pytest.fixture(params=[True, False], ids=["shardy", "gspmd"])
+def partitioner(request):
+    # Shardy (JAX's default) or GSPMD propagates the layouts; the check's own
+    # sharding rule differs between them (`custom_call._pointwise_rule`, `_infer`).
+    before = jax.config.jax_use_shardy_partitioner  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_use_shardy_partitioner", request.param)
+    yield request.param
+    jax.config.update("jax_use_shardy_partitioner", before)
+
+
+@pytest.mark.filterwarnings("ignore:GSPMD sharding propagation")
+def test_checks_leave_the_compiled_program_as_it_was(mesh_auto, partitioner):
+    # Differential: the checks (merged into one call per block, their results
+    # unused) must not sway XLA's layouts; the compiled program is the unchecked
+    # one. Random placements and annotations, checks in two blocks (a scan body).
+    rng = np.random.default_rng(0)
+    specs = [P("data"), P("model"), P(None, "data"), P(), P(("data", "model"))]
+    for _ in range(3):
+        x = place(mesh_auto, (8, 4), specs[rng.integers(len(specs))])
+        annotations = [Float[Array, "b e", specs[i]] for i in rng.integers(5, size=3)]
+
+        def step(v, check, annotations=annotations):
+            def body(c, _):
+                check(c, annotations[0])
+                return jnp.cos(c) * 2, None
+
+            y = jnp.sin(v)
+            check(y, annotations[1])
+            z = jax.lax.scan(body, y @ jnp.ones((4, 4)), None, length=2)[0]
+            check(z, annotations[2])
+            return z.sum(0)
+
+        def checked(v):
+            return step(v, lambda a, t: isinstance(a, t))
+
+        def unchecked(v):
+            return step(v, lambda a, t: None)
+
+        with jax.set_mesh(mesh_auto), jts.set_mode("warn"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", jts.ShardingWarning)
+                lowered = jax.jit(checked).lower(x)
+                assert lowered.as_text().count("@jts_check_sharding(") == 2  # blocks
+                ours = lowered.compile().as_text()
+                theirs = jax.jit(unchecked).lower(x).compile().as_text()
+        assert "custom-call" not in ours
+        assert _program(ours) == _program(theirs)

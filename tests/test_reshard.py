@@ -198,7 +198,7 @@ def test_auto_constrained_value_checked_at_trace_time(mesh_auto):
             jax.jit(bad).trace(x)  # traced only: nothing compiled
     text = str(caught.value)
     assert text.startswith("argument `x` of `") and ".consume`" in text
-    assert "laid out as `float32[8@data,4@model]` by `jts.reshard`" in text
+    assert "laid out as `float32[8@data,4@model]` by a sharding constraint" in text
     assert "checked at trace time" in text
     # Off: nothing is checked, at trace time or later.
     with jax.set_mesh(mesh_auto), jts.set_mode("off"):

@@ -70,7 +70,9 @@ BUGS = {
         "train.py",
         "params = jts.reshard(params)",
         "pass",
-        "`grads.embed` of `check_tree`",
+        # (at trace time: each gradient is what the transpose of the forward
+        # pass's `jts.reshard` constrains, the layout the matmuls used)
+        "grads.embed",
         kinds=("auto",),
     ),
     # Logits replicated (gathered over the vocabulary) before the loss.
@@ -126,6 +128,21 @@ BUGS = {
         "output.blocks[0].mlp.w_in",
     ),
 }
+
+
+# A layout set with plain `jax.lax.with_sharding_constraint` (not `jts.reshard`)
+# on an Auto mesh (on an Explicit one JAX itself refuses a constraint that
+# changes a layout). XLA lays the values upstream out as constrained too, so a
+# compile-time report listed a victim (the return value of `project`) before the
+# culprit; the constraint's own value is decided at trace time, and named first.
+CONSTRAINED = Bug(
+    "model.py",
+    "q = project(x, jts.reshard(self.wq, UsedQKV))",
+    "q = jax.lax.with_sharding_constraint(project(x, jts.reshard(self.wq, "
+    "UsedQKV)), jax.sharding.PartitionSpec())",
+    "argument `q` of `attend`",
+    kinds=("auto",),
+)
 
 
 def mutate(name: str, bug: Bug, root: Path) -> str:
@@ -191,3 +208,10 @@ def test_planted_bug_is_caught_at_the_culprit(root, name, kind):
 def test_at_least_ten_bugs_per_mesh_kind():
     for kind in KINDS:
         assert sum(kind in bug.kinds for bug in BUGS.values()) >= 10
+
+
+def test_planted_constraint_is_named_first(root):
+    package = mutate("plain_constraint_auto", CONSTRAINED, root)
+    with pytest.raises(CAUGHT) as caught:
+        train_one_step(package, "auto")
+    assert str(caught.value).startswith(CONSTRAINED.culprit), str(caught.value)

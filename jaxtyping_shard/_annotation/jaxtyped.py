@@ -23,6 +23,7 @@ import jaxtyping
 from .._core.errors import ShardingTypeCheckError
 from .._core.failures import pop_records, push_records
 from .._core.site import Site
+from .entry import Entry
 
 
 _SENTINEL: Any = object()
@@ -101,15 +102,16 @@ def jaxtyped(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
         init = checked.__init__
         if getattr(init, "_jts_reasons", False) or init is object.__init__:
             return checked
-        checked.__init__ = _with_reasons(init)
+        checked.__init__ = _with_reasons(init, Entry(init))
         return checked
-    return _with_reasons(checked)
+    return _with_reasons(checked, Entry(fn))
 
 
-def _with_reasons(checked: Callable) -> Callable:
+def _with_reasons(checked: Callable, entry: Entry) -> Callable:
     @functools.wraps(checked)
     def wrapper(*args, **kwargs):
         __tracebackhide__ = True
+        entry.check(args, kwargs)  # every logical annotation resolves, first
         records = push_records()
         try:
             return checked(*args, **kwargs)

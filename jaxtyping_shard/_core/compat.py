@@ -9,6 +9,8 @@ import re
 from typing import Any
 
 import jax
+from jax._src.lib.mlir import ir  # MLIR bindings: `walk_custom_calls`
+from jax._src.lib.mlir.dialects import hlo
 from jax.sharding import AxisType
 
 
@@ -137,3 +139,16 @@ def jit_disabled() -> bool:
     the global one): the public `jax.config.jax_disable_jit`, which the type
     stubs of `jax.config` do not declare, in every supported release."""
     return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def walk_custom_calls(operation: Any, callback: Any) -> None:
+    """Calls `callback(op)` on the custom calls under an MLIR `operation`, in order
+    (and on other ops too where the bindings cannot filter: `callback` must check).
+
+    `Operation.walk` takes `op_class` (filtered in C++) in the MLIR bindings of
+    jaxlib 0.10 and 0.12; those of 0.8 pass every op to the callback.
+    """
+    if "op_class" in (ir.Operation.walk.__doc__ or ""):
+        operation.walk(callback, ir.WalkOrder.PRE_ORDER, op_class=hlo.CustomCallOp)
+    else:
+        operation.walk(callback, ir.WalkOrder.PRE_ORDER)

@@ -17,11 +17,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge
+from .._layout import bridge as _bridge, given as _given
 from .._layout.spec import has_sharding
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
-from .._verdict.constraints import remember
 
 
 def reshard(x: Any, annotation: Any = None) -> Any:
@@ -168,7 +167,7 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
         mesh, annotation.mesh
     ):
         raise ShardingAnnotationError(
-            f"reshard: {_bridge.describe(annotation)} is on another mesh than the "
+            f"reshard: {_given.describe(annotation)} is on another mesh than the "
             f"traced value ({_mesh.format_mesh(mesh)}); inside a trace a value is "
             "laid out on the trace's mesh, whose devices `jit` fixes. Give the "
             "spec, or a NamedSharding on that mesh."
@@ -188,7 +187,6 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
         x = jax.sharding.reshard(x, _only(spec, explicit))
     if auto:
         x = jax.lax.with_sharding_constraint(x, _only(spec, auto) if explicit else spec)
-        remember(x, spec)
     return x
 
 

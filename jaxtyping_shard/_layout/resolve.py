@@ -99,6 +99,35 @@ def _resolve(
 ) -> _spec.Entries:
     ndim = shape if isinstance(shape, int) else len(shape)
     names = layout.names(ndim)
+    sizes = _validate(layout, names, axes, rules, where)
+    assert rules is not None  # `_validate` raised otherwise
+    return _assign(names, shape, sizes, rules, layout, where)
+
+
+def check_resolvable(
+    layout: Union[LogicalLayout, _spec.Layout],
+    mesh: Any,
+    rules: Optional[AxisRules],
+    where: str,
+) -> None:
+    """Raises the `ShardingAnnotationError` that resolving `layout` by rank gives,
+    where the array's shape cannot change it: no rules, a name with no rule, a
+    rule naming an axis `mesh` lacks, two dims on one axis under
+    `conflicts="error"` when every name has one candidate. (With fallback lists
+    a shape may resolve a conflict the rank alone cannot: left to the check.)"""
+    if not isinstance(layout, LogicalLayout):
+        return
+    axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
+    names = layout.names(layout.min_rank)
+    sizes = _validate(layout, names, axes, rules, where)
+    assert rules is not None  # `_validate` raised otherwise
+    named = [n for n in names if n is not None]
+    if rules.linen or all(len(rules.candidates(n) or ()) == 1 for n in named):
+        _assign(names, layout.min_rank, sizes, rules, layout, where)
+
+
+def _validate(layout, names, axes, rules, where) -> Optional[dict]:
+    """The checks of a resolution that no shape changes; the mesh's axis sizes."""
     named = [n for n in names if n is not None]
     if rules is None:
         example = ", ".join(f"{n!r}: ..." for n in dict.fromkeys(named)) or "..."
@@ -120,7 +149,7 @@ def _resolve(
     sizes = None if axes is None else dict(zip(*axes))
     if sizes is not None:
         _check_mesh_axes(named, rules, sizes, axes, where)
-    return _assign(names, shape, sizes, rules, layout, where)
+    return sizes
 
 
 def _check_mesh_axes(named, rules, sizes, axes, where) -> None:

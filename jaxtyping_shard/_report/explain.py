@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge, spec as _spec
+from .._layout import bridge as _bridge, given as _given, spec as _spec
 from .._layout.spec import has_sharding, is_variadic, LogicalLayout, sharded_members
 from .._rules import scope as _rules
 from .._trees import paths as _paths, walk as _tree
@@ -159,7 +159,7 @@ def _row(
     """One row; `lead`: the spec entries of the leaf's declared stacked dims."""
     members = sharded_members(annotation)
     member = members[0] if members else None
-    layout = _bridge.layout_of(annotation, where)
+    layout = _given.layout_of(annotation, where)
     if member is not None:
         dims = member.dim_str
         fixed = len(member.dims) if member.index_variadic is None else None
@@ -235,7 +235,7 @@ def _inner_shape(
             f"extra leading dims: `stacked={declared!r}`."
         )
     raise ShardingAnnotationError(
-        f"{where}: {_bridge.describe(annotation)} has {fixed} dims, but the array of "
+        f"{where}: {_given.describe(annotation)} has {fixed} dims, but the array of "
         f"shape {shape} has {len(inner)}{after}.{hint}"
     )
 
@@ -248,7 +248,7 @@ def _check_axes(entries: tuple, mesh: Any, annotation: Any, where: str) -> None:
         if axis not in names:
             axes = ", ".join(repr(a) for a in mesh.axis_names)
             raise ShardingAnnotationError(
-                f"{where}: {_bridge.describe(annotation)} names mesh axis {axis!r}, "
+                f"{where}: {_given.describe(annotation)} names mesh axis {axis!r}, "
                 f"which the mesh {_mesh.format_mesh(mesh)} lacks (axes {axes}). Fix "
                 "the axis name, or pass the mesh you meant."
             )
@@ -334,7 +334,7 @@ def explain(
                 "path; give the tree (e.g. the result of sharded_init), not one "
                 "annotation."
             )
-        where = _bridge.describe(annotation_or_tree)
+        where = _given.describe(annotation_or_tree)
         rows.append(_row("-", annotation_or_tree, None, mesh, sizes, where))
     else:
         values, plan = _tree.plan_for(annotation_or_tree, annotations, rules)

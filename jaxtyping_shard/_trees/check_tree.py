@@ -11,10 +11,10 @@ from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding
+from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
-from .._verdict.spec_check import sharding_check, spec_check
 from . import leaves as _leaves, paths as _paths, walk as _tree
-from .stacked import stacked_prefixes
+from .stacked import rank_mismatch, stacked_prefixes
 
 
 T = TypeVar("T")
@@ -110,7 +110,8 @@ def check_tree(
         `{pattern: ('pipe',)}`) declares the extra leading dims of the leaves
         whose key path matches (layers stacked with `eqx.filter_vmap`). Those
         leaves are checked for their sharding (the declared leading entries, then
-        their annotation's) and rank, not for dim names. With `like`, the
+        their annotation's) and rank, not for dim names; a leaf whose rank
+        cannot hold both is one mismatch among the others. With `like`, the
         pattern applies to `like`'s leaves, whose annotations describe one layer.
     - `name`: how the tree is named in messages: `params['layers'][0]['w_in']`.
     - `strict`: `True`: every array leaf must declare a sharding; each that does
@@ -203,11 +204,9 @@ def _stacked_checkers(
 
 
 def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
-    shape = tuple(getattr(leaf, "shape", ()))
-    if len(shape) < len(lead):
-        return _leaves.Missing(
-            f"rank {len(shape)}: fewer dims than its {len(lead)} declared stacked"
-        )
+    wrong = rank_mismatch(leaf, annotation, lead)
+    if wrong:
+        return _leaves.Missing(wrong, layout=True)
     spec = _stacked_spec(leaf, annotation, lead, where)
     return spec_check(spec)
 
@@ -244,6 +243,10 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
             continue
         leaf, annotation, like_path, lead = found
         if lead and has_sharding(annotation):
+            wrong = rank_mismatch(leaf, annotation, lead)
+            if wrong:
+                out.append(_leaves.Missing(f"`like` leaf of {wrong}", layout=True))
+                continue
             where = "like" + jax.tree_util.keystr(like_path)
             spec = _stacked_spec(leaf, annotation, lead, where)
         else:

@@ -24,6 +24,8 @@ from jaxtyping._storage import _shape_storage
 
 from .._core import site as _site
 from .._core.errors import ShardingTypeCheckError
+from .._core.failures import warn_at_user_line
+from .._core.modes import current_mode
 from .._layout import spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.compare import FIX
@@ -54,6 +56,11 @@ def leaf_failures(
                 continue
             if type(checker) is Missing:
                 reason = checker.reason
+                if checker.layout and current_mode() != "check":
+                    # A layout mismatch: warned (mode "warn") or not checked.
+                    if current_mode() == "warn":
+                        warn_at_user_line(f"{_paths.path_name(name, path)}: {reason}")
+                    continue
             elif isinstance(leaf, Tracer) and not name_sites:
                 reason = _reason(checker, leaf)
             elif isinstance(leaf, Tracer):
@@ -208,11 +215,14 @@ class Counts:
 
 
 class Missing:
-    """A leaf's checker that always fails, for a reason found before checking (a
-    leaf of `tree` with no counterpart in `like`)."""
+    """A leaf's checker that always fails, for a reason found before checking: a
+    leaf of `tree` with no counterpart in `like` (always), or a stacked leaf whose
+    rank cannot hold its layout (`layout=True`: a sharding mismatch, reported as
+    the mode says)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, layout: bool = False):
         self.reason = reason
+        self.layout = layout
 
 
 def _bare(plan: Any, checkers: tuple) -> tuple[int, tuple]:

@@ -12,6 +12,8 @@ from typing import Any, Optional, Union
 from jax.sharding import PartitionSpec
 
 from .._core.errors import ShardingAnnotationError
+from .._layout import given as _given
+from .._layout.spec import has_sharding
 from .._layout.validate import validate_spec
 from . import paths as _paths
 
@@ -72,3 +74,26 @@ def stacked_prefixes(
                 )
             out[i] = lead
     return out
+
+
+def rank_mismatch(leaf: Any, annotation: Any, lead: tuple) -> str:
+    """Why a stacked leaf's rank cannot hold its declared leading dims and then
+    its annotation's ("" if it can): a mismatch of that leaf, reported with the
+    others (a layer not stacked, or stacked twice), not an annotation error."""
+    rank = len(getattr(leaf, "shape", ()))
+    if rank < len(lead):
+        return f"rank {rank}: fewer dims than its {len(lead)} declared stacked"
+    if not has_sharding(annotation):
+        return ""
+    fixed = _given.fixed_rank(annotation)
+    least = _given.layout_of(annotation).min_rank
+    rest = rank - len(lead)
+    if (fixed is None or rest == fixed) and rest >= least:
+        return ""
+    dims = f"{fixed}" if fixed is not None else f"at least {least}"
+    stacked = f"{len(lead)} declared stacked dim{'s' if len(lead) > 1 else ''}"
+    return (
+        f"rank {rank}: its {stacked} and the {dims} dims of "
+        f"{_given.describe(annotation)} make rank "
+        f"{len(lead) + fixed if fixed is not None else f'{len(lead) + least} or more'}"
+    )

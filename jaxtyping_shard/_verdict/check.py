@@ -8,25 +8,37 @@ Four paths, by what is known about the value:
 - a tracer whose mesh has `Auto` axes: `jax.typeof` cannot tell, so a
   `jts_check_sharding` primitive checks when XLA compiles (`auto`);
 - a value with no sharding at all (NumPy arrays): it is on one device.
+
+`SpecCheck`: a bare `PartitionSpec`, or a concrete sharding, as something to
+check against, for the tree checks where a leaf's annotation is a
+`PartitionSpec` or a `NamedSharding` rather than an annotation class (and for
+`like=`): `spec_check(spec)` checks the spec on the value's own mesh;
+`sharding_check(target)` compares with a concrete sharding, devices and memory
+kind included (`is_equivalent_to`).
 """
 
-from typing import Any
+import functools as ft
+from typing import Any, Optional
 
 import jax
+import jaxtyping
 from jax.core import Tracer
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.failures import report
-from .._core.modes import current_mode
-from .._core.site import how_traced
+from .._core.modes import current_mode, mode_reader
+from .._core.site import find_site, how_traced
 from .._layout import spec as _spec
-from . import auto as _auto, union as _union
+from .._layout.validate import validate_spec
+from . import (
+    auto as _auto,
+    compiles as _compiles,
+    primitive as _primitive,
+    union as _union,
+)
 from .compare import (
-    agrees,
-    contrast,
     empty_fits,
-    equivalent,
     FIX as _FIX,
     missing_axes,
     same_mesh_shape,
@@ -34,6 +46,7 @@ from .compare import (
     too_long,
 )
 from .constraints import constrained_spec
+from .eager import check_unsharded, eager_message, eager_verdict
 from .manual import check_manual
 
 
@@ -48,7 +61,7 @@ def check(cls: Any, obj: Any) -> str:
         return _report(_check_tracer(cls, obj), cls, obj)
     sharding = getattr(obj, "sharding", None)
     if sharding is None:
-        return _report(_check_unsharded(cls, obj), cls, obj)
+        return _report(check_unsharded(cls, obj), cls, obj)
     cache = cls._jts_verdicts
     if type(sharding) is NamedSharding:
         key = sharding if cls._jts_rank_fixed else (sharding, len(obj.shape))
@@ -56,7 +69,7 @@ def check(cls: Any, obj: Any) -> str:
         key = (sharding, len(obj.shape), _mesh.concrete_context_mesh())
     verdict = cache.get(key)
     if verdict is None:
-        verdict = _eager_verdict(cls, sharding, len(obj.shape))
+        verdict = eager_verdict(cls, sharding, len(obj.shape))
         if len(cache) >= _CACHE_LIMIT:
             cache.clear()
         cache[key] = verdict
@@ -66,7 +79,7 @@ def check(cls: Any, obj: Any) -> str:
         return ""
     if empty_fits(cls, obj.shape):
         return ""
-    return _report(_eager_message(cls, obj, sharding), cls, obj)
+    return _report(eager_message(cls, obj, sharding), cls, obj)
 
 
 def _report(message: str, cls: Any, obj: Any) -> str:
@@ -91,104 +104,13 @@ def _another_member_matches(cls: Any, obj: Any) -> bool:
         if isinstance(obj, Tracer):
             message = _check_tracer(member, obj, schedule=False)
         elif getattr(obj, "sharding", None) is None:
-            message = _check_unsharded(member, obj)
+            message = check_unsharded(member, obj)
         else:
-            ok = _eager_verdict(member, obj.sharding, len(obj.shape))
+            ok = eager_verdict(member, obj.sharding, len(obj.shape))
             message = "" if ok else "no"
         if not message:
             return True
     return False
-
-
-def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
-    if too_long(cls, ndim):
-        return False
-    target = getattr(cls, "_jts_target", None)
-    if target is not None:
-        return agrees(sharding, target, ndim)  # devices and memory kind too
-    if type(sharding) is NamedSharding:
-        if missing_axes(cls, sharding.mesh):
-            return False
-        return equivalent(cls, sharding.mesh, sharding, ndim)
-    mesh = _mesh.concrete_context_mesh()
-    if mesh is not None and missing_axes(cls, mesh):
-        return False
-    if len(sharding.device_set) == 1:
-        # One device: only a spec that shards nothing describes it.
-        return shards_nothing(cls, mesh)
-    if isinstance(mesh, jax.sharding.Mesh):
-        return equivalent(cls, mesh, sharding, ndim)
-    return sharding.is_fully_replicated and shards_nothing(cls, mesh)
-
-
-def _target_message(cls: Any, obj: Any, sharding: Any, target: Any) -> str:
-    ndim = len(obj.shape)
-    actual, expected, there = contrast(
-        sharding, target, obj.dtype, obj.shape, cls._jts.entries(ndim)
-    )
-    extra = "" if hasattr(target, "mesh") else f" ({target})"
-    return (
-        f"this array is {actual}, not {expected}{there} as expected by "
-        f"{cls._jts.text}{extra}. {_FIX}"
-    )
-
-
-def _eager_message(cls: Any, obj: Any, sharding: Any) -> str:
-    ndim = len(obj.shape)
-    short = too_long(cls, ndim)
-    if short:
-        return short
-    target = getattr(cls, "_jts_target", None)
-    if target is not None:
-        return _target_message(cls, obj, sharding, target)
-    if type(sharding) is NamedSharding:
-        mesh = sharding.mesh
-        missing = missing_axes(cls, mesh)
-        if missing:
-            return missing
-        actual = _spec.format_array(
-            obj.dtype, obj.shape, _spec.entries_of(sharding.spec)
-        )
-        return (
-            f"this array is sharded as `{actual}`, not {cls._jts.text} as "
-            f"expected by the type hint (mesh {_mesh.format_mesh(mesh)}). {_FIX}"
-        )
-    plain = _spec.format_array(obj.dtype, obj.shape, ())
-    mesh = _mesh.concrete_context_mesh()
-    missing = missing_axes(cls, mesh) if mesh is not None else ""
-    if missing:
-        return missing
-    if len(sharding.device_set) == 1:
-        (device,) = sharding.device_set
-        where = f"on the single device {device}"
-    else:
-        where = f"with {sharding}"
-    extra = (
-        f" (context mesh {_mesh.format_mesh(mesh)})"
-        if mesh is not None
-        else "; no mesh is set, so it cannot be sharded over named mesh axes"
-    )
-    return (
-        f"this array `{plain}` lives {where}, not sharded as {cls._jts.text} as "
-        f"expected by the type hint{extra}. {_FIX}"
-    )
-
-
-def _check_unsharded(cls: Any, obj: Any) -> str:
-    if too_long(cls, len(obj.shape)):
-        return too_long(cls, len(obj.shape))
-    mesh = _mesh.context_mesh()
-    missing = missing_axes(cls, mesh) if mesh is not None else ""
-    if missing:
-        return missing
-    if shards_nothing(cls, mesh) or empty_fits(cls, obj.shape):
-        return ""
-    return (
-        f"this value is a {type(obj).__module__}.{type(obj).__qualname__}, which "
-        f"lives on one device, not sharded as {cls._jts.text} as expected by "
-        "the type hint. Convert it with `jax.device_put(x, NamedSharding(mesh, "
-        "spec))` first."
-    )
 
 
 _NOUNS = {
@@ -273,18 +195,30 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
         if members.unconditional:
             return ""  # a member without a sharding accepts the value
         members = tuple(m for m in members if not missing_axes(m, mesh))
-        _auto.schedule(cls, obj, aval, mesh, current_mode(), members)
+        _schedule(cls, obj, aval, mesh, current_mode(), members)
     return ""
 
 
-def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) -> str:
-    """The verdict, at trace time, on a value `jts.reshard` constrained (Auto axes).
+def _schedule(
+    cls: Any, obj: Any, aval: Any, mesh: Any, mode: str, members: tuple = ()
+) -> None:
+    """Checks `obj`'s sharding once XLA has chosen it (`Auto` mesh axes).
 
-    XLA must lay such a value out as constrained, so its check need not wait for
-    the compile, and the culprit is reported where the constraint is, before the
-    values XLA would propagate the layout to.
+    `members`: the other annotations of a Union that `obj` may match instead.
     """
-    spec = constrained_spec(obj)
+    _compiles.listen()
+    check = _auto.CompileTimeCheck(cls, aval, mesh, find_site(obj, cls), mode, members)
+    _primitive.bind(obj, check)
+    if _auto.watching.checks is not None:
+        _auto.watching.checks.append((obj, check))
+
+
+def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) -> str:
+    """The verdict, at trace time, on a value a sharding constraint produced (Auto
+    axes; see `constraints`): XLA must lay it out as constrained, so the culprit
+    is reported at the constraint, before the values XLA would propagate its
+    layout to."""
+    spec = constrained_spec(obj, mesh)
     if spec is None:
         return ""
     ndim = len(aval.shape)
@@ -297,7 +231,77 @@ def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) ->
         return ""  # another member of a Union may accept it: left to the compile
     shown = _spec.format_array(aval.dtype, aval.shape, got)
     return (
-        f"{_noun(obj)} is laid out as `{shown}` by `jts.reshard` (a constraint XLA "
-        f"keeps), not {cls._jts.text} as expected by the type hint (mesh "
+        f"{_noun(obj)} is laid out as `{shown}` by a sharding constraint "
+        "(`jax.lax.with_sharding_constraint` or `jts.reshard`, which XLA keeps), "
+        f"not {cls._jts.text} as expected by the type hint (mesh "
         f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
     )
+
+
+# jaxtyping's own check of "any array, any shape": what a bare spec asks of a
+# value before its sharding.
+_ANY_ARRAY: Any = jaxtyping.Shaped[jaxtyping.Array, "..."]
+_any_array_str = type(_ANY_ARRAY).__instancecheck_str__
+
+
+class SpecCheck:
+    """A bare `PartitionSpec` as something to check values against, as an
+    annotation is (`isinstance`, `__instancecheck_str__`): any jax.Array of any
+    dtype and rank, sharded as the spec says. What the tree checks use for a
+    `PartitionSpec` or `NamedSharding` given as a leaf's annotation; shown in
+    messages as the spec (`P('data', None)`). Build one with `spec_check`.
+    """
+
+    _jts_rank_fixed = False
+    _jts_logical = False
+    # A concrete sharding to compare with, devices and memory kind included (see
+    # `sharding_check`); None: the spec on the value's own mesh.
+    _jts_target: Any = None
+    # For `check_tree`'s abstract leaves (`jax.ShapeDtypeStruct`): the dtype and
+    # dims a jaxtyping annotation would give, i.e. any.
+    dtype = jaxtyping.Shaped
+    dim_str = "..."
+
+    def __init__(self, layout: _spec.Layout, target: Any = None):
+        self._jts = layout
+        self._jts_target = target
+        self._jts_verdicts: dict = {}
+        self._jts_last: Any = None
+        self.__name__ = self.__qualname__ = layout.text
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return self.__instancecheck_str__(obj) == ""
+
+    def __instancecheck_str__(self, obj: Any) -> str:
+        return _any_array_str(_ANY_ARRAY, obj) or self._jts_sharding_str(obj)
+
+    def _jts_sharding_str(self, obj: Any) -> str:
+        return "" if mode_reader.value == "off" else check(self, obj)
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+@ft.lru_cache(maxsize=1024)
+def spec_check(spec: PartitionSpec) -> SpecCheck:
+    """The `SpecCheck` of a spec (validated here), one per spec."""
+    text = _spec.format_spec(spec)
+    return SpecCheck(_spec.Layout(validate_spec(spec, text), (), text))
+
+
+@ft.lru_cache(maxsize=1024)
+def sharding_check(target: Any, spec: Optional[PartitionSpec] = None) -> SpecCheck:
+    """The `SpecCheck` of a concrete sharding: a value passes when its sharding
+    is equivalent to `target` (`is_equivalent_to`: the same shards on the same
+    devices, in the same memory). What a `NamedSharding` annotation means, and a
+    concrete `like=` leaf's sharding. `spec`: the layout to show, and to check
+    traced values with, which know no devices (default: the target's)."""
+    layout: PartitionSpec = target.spec if spec is None else spec
+    shown = _spec.format_spec(layout)
+    mesh = getattr(target, "mesh", None)
+    text = (
+        f"NamedSharding(mesh {_mesh.format_mesh(mesh)}, {shown})"
+        if isinstance(mesh, jax.sharding.Mesh)
+        else shown
+    )
+    return SpecCheck(_spec.Layout(validate_spec(layout, text), (), text), target)

@@ -1,45 +1,63 @@
-"""The layouts `jts.reshard` constrained values to on Auto axes, by tracer.
+"""The layout a sharding constraint sets on a traced value, read from the equation
+that produced it.
 
-`reshard` (a driver) records each constrained value here; the verdict reads it
-(`constrained_spec`) to decide a check of that very value at trace time. Kept
-in the verdict so that the verdict imports no driver.
+On Auto axes XLA must lay a constrained value out as constrained, so a check of
+that very value is decided at trace time (see `check`): the culprit is reported
+where the constraint is. Left to the compile, it would come after its victims:
+XLA also propagates the constrained layout backwards, to the values upstream of
+the mistake, and the compile's report lists them in trace order, first.
+
+The constraint is JAX's own equation, whoever wrote it:
+`jax.lax.with_sharding_constraint`, which `jts.reshard` uses on Auto axes. Not
+`jax.device_put` inside `jit`: on Auto axes it lowers to nothing (JAX 0.10.2),
+and XLA lays its result out as it likes.
 """
 
-import threading
-import weakref
 from typing import Any, Optional
 
-from jax.sharding import PartitionSpec
+from jax.interpreters.partial_eval import DynamicJaxprTracer
+from jax.sharding import NamedSharding, PartitionSpec
 
 
-# The Auto-axes layout each `reshard` output is constrained to, by tracer: XLA
-# must honour a constraint, so a check of that very value is decided at trace
-# time (see `check`). Without this, XLA propagates the constrained layout
-# backwards too, and the compile-time report lists values upstream of the
-# constraint (its victims) before the constrained value (the culprit).
-_constrained: dict = {}
-_lock = threading.Lock()
-
-
-def remember(x: Any, spec: PartitionSpec) -> None:
-    key = id(x)
-
-    def forget(_: Any) -> None:
-        with _lock:
-            if _constrained.get(key, (None,))[0] is ref:
-                del _constrained[key]
-
-    try:
-        ref = weakref.ref(x, forget)
-    except TypeError:  # pragma: no cover - a tracer type without weak references
-        return
-    with _lock:
-        _constrained[key] = (ref, spec)
-
-
-def constrained_spec(x: Any) -> Optional[PartitionSpec]:
-    """The spec `x` was constrained to by `reshard` on Auto axes, else `None`."""
-    entry = _constrained.get(id(x))
-    if entry is None or entry[0]() is not x:
+def constrained_spec(x: Any, mesh: Any) -> Optional[PartitionSpec]:
+    """The spec a constraint on `mesh`'s axes sets `x` to, else `None` (no
+    constraint produced `x`, or it leaves a dim unconstrained)."""
+    x, eqn = _producer(x)
+    if eqn is None:
         return None
-    return entry[1]
+    name = getattr(eqn.primitive, "name", None)
+    params = eqn.params
+    if name != "sharding_constraint" or params.get("unconstrained_dims"):
+        return None
+    sharding = params.get("sharding")
+    if type(sharding) is not NamedSharding:
+        return None
+    on = sharding.mesh
+    if (on.axis_names, on.axis_sizes) != (mesh.axis_names, mesh.axis_sizes):
+        return None
+    spec = sharding.spec
+    if any(entry is PartitionSpec.UNCONSTRAINED for entry in spec):
+        return None
+    return spec
+
+
+def _producer(x: Any) -> tuple[Any, Any]:
+    """The tracer of `jit`'s trace that `x` is, and the equation that produced it
+    (`None` if none).
+
+    JAX-private: a `DynamicJaxprTracer` holds it as `parent` (a `TracingEqn`:
+    `primitive`, `params`), in JAX 0.8.1
+    to 0.12. Under `grad` or `jvp` the value checked is the primal of a JVP or
+    linearize tracer, and a constraint constrains the primal. Tracers of other
+    traces (`vmap`) have none: their checks wait for the compile.
+    """
+    for _ in range(8):  # nested `grad`s: one primal inside another
+        if isinstance(x, DynamicJaxprTracer) or not hasattr(x, "primal"):
+            break
+        x = x.primal
+    if not isinstance(x, DynamicJaxprTracer):
+        return x, None
+    eqn = getattr(x, "parent", None)
+    if eqn is None or not hasattr(eqn, "params"):
+        return x, None
+    return x, eqn

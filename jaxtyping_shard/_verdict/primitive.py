@@ -11,29 +11,23 @@ check must follow JAX's transformations:
 - no effect: a compiled function keeps JAX's C++ dispatch fast path, so
   `jaxtyping_shard.jit` compiles once. A DCE rule keeps the check in the program
   although it has no outputs;
-- its lowering hands the raw HLO sharding to the verdict, so a layout that cannot
-  be written on the mesh (a maximal sharding, a tiling out of line with it) is a
-  clean mismatch rather than an internal error.
+- its lowering (`custom_call`) hands the raw HLO sharding to the verdict, so a
+  layout that cannot be written on the mesh (a maximal sharding, a tiling out of
+  line with it) is a clean mismatch rather than an internal error, and keys the
+  check by what the program is, so that JAX's persistent compilation cache hits.
 
 The check object travels as a parameter (`check`, compared by identity) along with
 `batch_dims`, the positions of the batch dims in the value the primitive sees.
 """
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
 from jax import lax  # noqa: F401  (registers the control-flow DCE rules wrapped below)
 
 # JAX-private names, each used in one function below that says why.
-from jax._src import dispatch, sharding_impls
-from jax._src.lib import xla_client as xc
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
+from jax._src import dispatch
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir, partial_eval as pe
+from jax.interpreters import ad, batching, partial_eval as pe
 
 
 try:
@@ -167,132 +161,3 @@ def _keeping(rule: Any) -> Any:
 
 
 _keep_checks_alive()
-
-
-class ExportNotSupported(NotImplementedError):
-    pass
-
-
-ExportNotSupported.__module__ = "jaxtyping_shard"
-
-_EXPORT_MESSAGE = (
-    "jaxtyping_shard: `{name}` has sharding checks that run when XLA compiles it "
-    "(mesh axes of type Auto), and `jax.export` cannot carry them: they call back "
-    "into this Python process. Check the function first (call it through "
-    "`jaxtyping_shard.jit`, or `jax.jit(f).lower(...).compile()`), then export it "
-    "with the checks left out: `with jaxtyping_shard.set_mode('off'): "
-    "jax.export.export(jax.jit(f))(...)`."
-)
-
-
-def _lower(ctx: Any, value: Any, *, check: Any, batch_dims: tuple[int, ...]) -> list:
-    module = ctx.module_context
-    name = _module_name(module)
-    if getattr(module.lowering_parameters, "for_export", False):
-        function = name[4:] if name.startswith("jit_") else name
-        raise ExportNotSupported(_EXPORT_MESSAGE.format(name=function))
-    report = check.lowered(module.cached_primitive_lowerings, name, batch_dims)
-    _lower_inspect(ctx, value, report, check.mesh)
-    return []
-
-
-mlir.register_lowering(check_sharding_p, _lower)
-
-
-def _module_name(module_context: Any) -> str:
-    """The name of the module being lowered, as in `jit_train_step`."""
-    try:
-        attribute = module_context.module.operation.attributes["sym_name"]
-        return str(attribute).strip('"')
-    except Exception:  # pragma: no cover - a JAX that names modules elsewhere
-        return "the function"
-
-
-class Maximal:
-    """XLA put the value on one device (e.g. a `pure_callback` result)."""
-
-    def __init__(self, hlo: str):
-        self.hlo = hlo
-
-
-class Untileable:
-    """XLA tiled the value in a way no PartitionSpec on the mesh can write."""
-
-    def __init__(self, hlo: str, reason: str):
-        self.hlo = hlo
-        self.reason = reason
-
-
-@functools.lru_cache(maxsize=64)
-def _mesh_over(devices: tuple, abstract: Any) -> Any:
-    """The concrete mesh of `abstract`'s axes over a compile's devices."""
-    return jax.sharding.Mesh(
-        np.array(devices).reshape(abstract.axis_sizes),
-        abstract.axis_names,
-        axis_types=abstract.axis_types,
-    )
-
-
-def _lower_inspect(
-    ctx: Any, value: Any, report: Callable[[Any], None], value_mesh: Any
-) -> None:
-    """Calls `report(sharding)` when XLA has chosen `value`'s sharding.
-
-    `sharding` is a `NamedSharding` on the compile's mesh (the context mesh, else
-    `value_mesh`, the mesh in the value's type, over the compile's devices), else a
-    `Maximal` or an `Untileable`. This is the lowering of JAX's `inspect_sharding` (the
-    `InspectSharding` custom call that XLA's SPMD partitioner calls back), which no
-    public API exposes with the raw HLO sharding: JAX's own converts it to a
-    `NamedSharding` first and fails (`AssertionError: Unhandled OpSharding type`,
-    `IndivisibleError`) where XLA chose a layout the mesh cannot write. The private
-    names it needs are all here; `tests/test_compile_check.py` tests them.
-    """
-    axis_context = ctx.module_context.axis_context
-    if isinstance(axis_context, sharding_impls.ShardingContext):
-        devices = axis_context.device_assignment
-        abstract = axis_context.abstract_mesh
-        if abstract is None or abstract.empty:
-            abstract = value_mesh
-        if devices is None or abstract is None or abstract.size != len(devices):
-            raise AssertionError(
-                f"jaxtyping_shard: no mesh of {len(devices or ())} devices to check "
-                "shardings on; please report this at the project's issue tracker"
-            )
-        mesh = _mesh_over(tuple(devices), abstract)
-    elif isinstance(axis_context, sharding_impls.SPMDAxisContext):
-        mesh = axis_context.mesh
-        devices = mesh._flat_devices_tuple
-    else:
-        raise NotImplementedError(type(axis_context))
-
-    def on_hlo_sharding(hlo_sharding: Any) -> None:
-        if hlo_sharding.is_manual():
-            spec = jax.sharding.PartitionSpec()
-        elif hlo_sharding.is_maximal() and not hlo_sharding.is_replicated():
-            report(Maximal(str(hlo_sharding)))
-            return
-        else:
-            try:
-                spec = sharding_impls.parse_flatten_op_sharding(hlo_sharding, mesh)[0]
-            except Exception as error:  # IndivisibleError, or a kind JAX cannot map
-                report(Untileable(str(hlo_sharding), str(error)))
-                return
-        report(jax.sharding.NamedSharding(mesh, spec))
-
-    if len(devices) == 1:
-        on_hlo_sharding(sharding_impls.replicated_hlo_sharding)
-        return
-    key = xc.encode_inspect_sharding_callback(on_hlo_sharding)
-    # XLA calls back while compiling: keep the callback alive with the executable.
-    ctx.module_context.add_keepalive(on_hlo_sharding)
-    hlo.CustomCallOp(
-        [value.type],
-        [value],
-        call_target_name=ir.StringAttr.get("InspectSharding"),
-        has_side_effect=ir.BoolAttr.get(True),
-        api_version=mlir.i32_attr(1),
-        called_computations=ir.ArrayAttr.get([]),
-        backend_config=ir.StringAttr.get(key),
-        operand_layouts=None,
-        result_layouts=None,
-    )

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._core import mesh as _mesh
 from ..._core.errors import ShardingAnnotationError
-from ..._layout import bridge as _bridge, spec as _spec
+from ..._layout import bridge as _bridge, given as _given, spec as _spec
 from ..._layout.spec import has_sharding
 from ..._trees import paths as _paths, walk as _tree
 from ..._trees.stacked import stacked_prefixes, StackedSpec
@@ -100,7 +100,7 @@ def leaf_shardings(
                 name,
             )
         except ShardingAnnotationError as error:
-            fixed = _bridge.fixed_rank(annotation)
+            fixed = _given.fixed_rank(annotation)
             extra = len(shape) - fixed if fixed is not None and not lead else 0
             declared = {_paths.rule_path(path): extra}
             hint = (
@@ -117,7 +117,7 @@ def leaf_shardings(
         if missing:
             axes = ", ".join(repr(a) for a in mesh.axis_names)
             problems.append(
-                f"  {name}: {_bridge.describe(annotation)} names mesh axis "
+                f"  {name}: {_given.describe(annotation)} names mesh axis "
                 f"{missing[0]!r}, which the mesh {_mesh.format_mesh(mesh)} lacks "
                 f"(axes {axes}). Fix the axis name, or pass the mesh you meant."
             )

@@ -17,6 +17,7 @@ import functools as ft
 from collections.abc import Callable
 from typing import Any
 
+from ..._annotation.entry import Entry
 from ..._core.modes import current_mode
 from ..._trees import (
     check_tree as _check_tree,
@@ -31,11 +32,13 @@ from ..._trees.signature import read
 def checked(fun: Callable) -> Callable:
     """`fun`, checking the sharded leaves of its arguments and result."""
     info: list = []  # the signature, read at the first call
+    entry = Entry(fun, _hints.field_hints)
 
     @ft.wraps(fun)
     def boundary(*args: Any, **kwargs: Any) -> Any:
         if current_mode() == "off":
             return fun(*args, **kwargs)
+        entry.check(args, kwargs)  # every logical annotation resolves, first
         if not info:
             info.append(read(fun))
         signature = info[0]

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._core import mesh as _mesh
 from ..._core.errors import PlacementError, ShardingAnnotationError
-from ..._layout import bridge as _bridge
+from ..._layout import bridge as _bridge, given as _given
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
 from ..._trees import (
@@ -198,7 +198,7 @@ def _sharding(annotation: Any, mesh: Any, shape: tuple, where: str) -> NamedShar
         return annotation
     if not has_sharding(annotation):
         raise ShardingAnnotationError(
-            f"{where}: {_bridge.describe(annotation)} has no sharding, so it says "
+            f"{where}: {_given.describe(annotation)} has no sharding, so it says "
             "nowhere to place the data. Annotate it, `P()` for replicated."
         )
     mesh = _concrete_mesh(mesh, where)
@@ -271,7 +271,7 @@ def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
             # start; the last one's error is the answer.
             error = failed
     raise error or PlacementError(
-        f"{where}: the sharding of {_bridge.describe(annotation)} under the axis "
+        f"{where}: the sharding of {_given.describe(annotation)} under the axis "
         "rules in force depends on the global shape, which depends on the "
         "sharding, and no choice is consistent for the local data of shape "
         f"{local}. Pass `global_shape=`."
@@ -334,7 +334,7 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where, strict)
             if strict:
                 raise ShardingAnnotationError(
                     f"{label} has no sharding in its annotation "
-                    f"({_bridge.describe(annotation)}), so it has nowhere to go "
+                    f"({_given.describe(annotation)}), so it has nowhere to go "
                     "(strict). Annotate it; `P()` places it replicated."
                 )
             annotation = PartitionSpec()  # declares nothing: replicated
