@@ -1,0 +1,369 @@
+"""`collectives`: the collectives of a compiled step, each with the line that
+caused it.
+
+Lowers and compiles the function for the given arguments through JAX's own
+caches (a step already called compiles nothing again; nothing runs, no data
+moves), reads the collectives from the compiled module (`hlo.py`), maps each
+one's device groups back to the mesh's axis names and each operand to the
+user's line and the nearest annotated function (`sources.py`).
+"""
+
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Union
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from .._core import mesh as _mesh
+from . import budget as _budget, hlo as _hlo
+from .sources import Resolver, Source, Sources
+
+
+class Part(NamedTuple):
+    """One array a collective moves (several when XLA merged collectives)."""
+
+    shape: str  # as JAX prints it: `float32[64,32]`, the operand on each device
+    bytes: int  # each device receives (and sends), over one call of the step
+    source: Optional[Source]  # None: XLA added it for a layout (no source)
+
+
+class Collective(NamedTuple):
+    """One collective instruction of the compiled program."""
+
+    kind: str  # `all-gather`, `all-reduce`, `reduce-scatter`, `all-to-all`, ...
+    axes: tuple[str, ...]  # the mesh axes it runs over
+    over: str  # the axes in words: `data`, `data+model`, `data (2 of 4)`
+    group_size: int  # devices per group
+    bytes: int  # each device receives (and sends), over one call: all parts
+    executions: int  # times one call runs it (loop trip counts multiplied)
+    parts: tuple[Part, ...]
+    name: str  # the HLO instruction
+    unknown_trips: bool = False  # in a loop XLA knows no trip count of: one run
+
+    @property
+    def layout_only(self) -> bool:
+        """Added by XLA for an input's or output's layout: no source line."""
+        return all(p.source is None for p in self.parts)
+
+    @property
+    def merged(self) -> bool:
+        """Several operands in one instruction (XLA may merge collectives)."""
+        return len(self.parts) > 1
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """Each distinct source line of its parts, in order."""
+        seen: dict[Source, None] = {}
+        for part in self.parts:
+            if part.source is not None:
+                seen.setdefault(part.source, None)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Total:
+    """Collectives of one kind (or over one set of axes), per call of the step."""
+
+    count: int  # collectives run
+    bytes: int  # each device receives (and sends)
+
+
+class Collectives:
+    """What [`jaxtyping_shard.collectives`][] returns: rows to assert on, a table
+    when printed, totals per kind and per mesh axes, and a budget to hold."""
+
+    def __init__(self, rows: Iterable[Collective], function: str, mesh: Any):
+        self.rows: tuple[Collective, ...] = tuple(rows)
+        self.function = function
+        self.mesh = mesh
+
+    @property
+    def count(self) -> int:
+        """Collectives run per call."""
+        return sum(r.executions for r in self.rows)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes each device receives (and sends) over one call."""
+        return sum(r.bytes for r in self.rows)
+
+    def by_kind(self) -> dict[str, Total]:
+        return self._totals(lambda r: r.kind)
+
+    def by_axes(self) -> dict[str, Total]:
+        """Totals per combination of mesh axes (`data`, `data+model`)."""
+        return self._totals(lambda r: r.over)
+
+    def _totals(self, key: Callable[[Collective], str]) -> dict[str, Total]:
+        out: dict[str, Total] = {}
+        for row in self.rows:
+            total = out.get(key(row), Total(0, 0))
+            out[key(row)] = Total(total.count + row.executions, total.bytes + row.bytes)
+        return dict(sorted(out.items()))
+
+    def where(
+        self,
+        kind: Union[str, Iterable[str], None] = None,
+        axes: Union[str, Iterable[str], None] = None,
+        inside: Union[str, Iterable[str], None] = None,
+        outside: Union[str, Iterable[str], None] = None,
+    ) -> "Collectives":
+        """The collectives of these kinds, running over all of these axes, whose
+        parts come from inside (or outside) these functions.
+
+        A function is named by its qualified name (`Attention.__call__`) or its
+        last part (`__call__`); a part is inside it when any of its user frames
+        is in it. A part with no source (a layout's) is outside every function.
+        """
+        return Collectives(
+            _budget.select(self.rows, self.mesh, kind, axes, inside, outside),
+            self.function,
+            self.mesh,
+        )
+
+    def check(
+        self,
+        baseline: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        max_bytes: Optional[int] = None,
+        forbid: Iterable[Mapping[str, Any]] = (),
+        update: bool = False,
+    ) -> None:
+        """Holds the step to its budget; raises
+        [`jaxtyping_shard.CollectiveBudgetError`][] naming every line over it.
+
+        **Arguments:**
+
+        - `baseline`: a JSON file written by `save`: every collective whose line
+            is not in it, or that moves more tensors or bytes than it says, fails.
+        - `max_bytes`: a bound on the bytes each device receives per call.
+        - `forbid`: selections as `where` takes them (`{"kind": "all-gather",
+            "axes": "data", "outside": ["gather"]}`): any collective they
+            select fails.
+        - `update`: write the baseline instead of comparing with it (the other
+            bounds still hold).
+        """
+        _budget.check(self, baseline, max_bytes, forbid, update)
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the baseline that `check` compares with (readable JSON)."""
+        _budget.save(self, path)
+
+    def __str__(self) -> str:
+        return _budget.table(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+Collectives.__module__ = "jaxtyping_shard"
+
+
+def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
+    """The collectives of `fn`'s compiled program for these arguments, each with
+    the line that caused it.
+
+    Nothing runs and no data moves: `fn` is lowered and compiled through JAX's
+    caches (a step that was already called is not compiled again). Arrays may be
+    given as `jax.ShapeDtypeStruct`s with shardings.
+
+    !!! Example
+
+        ```python
+        report = jts.collectives(train_step, params, opt, batch)
+        print(report)  # one row per collective: kind, axes, bytes, line
+        assert report.where(kind="all-gather", axes="data").count == 9
+        report.check("collectives.json", max_bytes=2**20)
+        ```
+
+    **Arguments:**
+
+    - `fn`: a `jax.jit` or `jaxtyping_shard.jit` object, a plain function
+        (compiled with `jax.jit`), or a `Lowered` / `Compiled` stage.
+    - `*args`, `**kwargs`: what `fn` would be called with.
+
+    **Returns:**
+
+    A [`jaxtyping_shard.Collectives`][]: `rows` (kind, mesh axes, bytes per
+    device per call, and per part its shape and source: the first line outside
+    the libraries and the nearest enclosing annotated function), a table when
+    printed, totals `by_kind()` / `by_axes()`, `where(...)` and `check(...)`.
+    """
+    compiled = _compile(fn, args, kwargs)
+    mesh = _mesh_of(compiled)
+    text = compiled.as_text()
+    (module,) = compiled.runtime_executable().hlo_modules()[:1]
+    sources = Sources(module.as_serialized_hlo_module_proto())
+    found, operands = _hlo.read(text)
+    partitions = mesh.size if mesh is not None else _num_partitions(text)
+    coords = _coordinates(mesh)
+    resolver = Resolver()
+    rows = []
+    for raw in found:
+        axes, over, size = _axes(raw, coords, mesh, partitions)
+        parts = tuple(
+            Part(
+                _shape(operand),
+                _moved(raw.kind, operand.bytes, size) * raw.executions,
+                resolver.source(_stack_of(operand.name, raw.name, sources, operands)),
+            )
+            for operand in raw.operands
+        )
+        rows.append(
+            Collective(
+                raw.kind,
+                axes,
+                over,
+                size,
+                sum(p.bytes for p in parts),
+                raw.executions,
+                parts,
+                raw.name,
+                raw.unknown_trips,
+            )
+        )
+    rows.sort(key=_order)
+    return Collectives(rows, _name(fn), mesh)
+
+
+_jitted: "weakref.WeakKeyDictionary[Callable, Any]" = weakref.WeakKeyDictionary()
+
+
+def _compile(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    if isinstance(fn, jax.stages.Compiled):
+        return fn
+    if isinstance(fn, jax.stages.Lowered):
+        return fn.compile()
+    lower: Any = getattr(fn, "lower", None)
+    if lower is None:
+        # A plain function: one `jax.jit` kept per function, so that a second
+        # report on it finds JAX's trace cache too.
+        try:
+            jitted = _jitted.get(fn)
+            if jitted is None:
+                jitted = _jitted[fn] = jax.jit(fn)
+        except TypeError:  # not weakly referenceable
+            jitted = jax.jit(fn)
+        lower = jitted.lower
+    return lower(*args, **kwargs).compile()
+
+
+def _name(fn: Any) -> str:
+    for owner in (fn, getattr(fn, "__wrapped__", None)):
+        name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return type(fn).__name__
+
+
+def _mesh_of(compiled: Any) -> Optional[Mesh]:
+    """The mesh whose flattened devices are the executable's device assignment:
+    that of its arguments' or results' `NamedSharding`s, else `jax.set_mesh`'s."""
+    shardings = jax.tree_util.tree_leaves(
+        (compiled.input_shardings, compiled.output_shardings)
+    )
+    for sharding in shardings:
+        if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
+            return sharding.mesh
+    return _mesh.concrete_context_mesh()
+
+
+def _num_partitions(text: str) -> int:
+    head = text[: text.find("\n")]
+    at = head.find("num_partitions=")
+    return int(head[at + 15 :].split(",")[0].split()[0]) if at >= 0 else 1
+
+
+def _coordinates(mesh: Optional[Mesh]) -> Optional[np.ndarray]:
+    """Each partition's position on the mesh: partition `p` is the `p`-th device
+    of `mesh.devices.flat`, the executable's device assignment."""
+    if mesh is None:
+        return None
+    shape = tuple(mesh.devices.shape)
+    return np.stack(np.unravel_index(np.arange(mesh.size), shape), axis=1)
+
+
+def _axes(
+    raw: _hlo.RawCollective,
+    coords: Optional[np.ndarray],
+    mesh: Optional[Mesh],
+    partitions: int,
+) -> tuple[tuple[str, ...], str, int]:
+    """The mesh axes a collective's device groups span, those axes in words
+    (`data (2 of 4)` when a group spans part of them), and the group size."""
+    if raw.kind == "collective-permute":
+        moves = [(s, t) for s, t in raw.pairs if s != t]
+        sets = [tuple(pair) for pair in moves]
+        size = len({d for pair in raw.pairs for d in pair}) if raw.pairs else 1
+    else:
+        sets = list(raw.groups) if raw.groups else []
+        if raw.groups == ():  # `replica_groups={}`: every device, one group
+            sets = [tuple(range(partitions))]
+        size = max((len(g) for g in sets), default=1)
+    if coords is None or mesh is None:
+        return (), "", size
+    varying: set[int] = set()
+    for group in sets:
+        if any(d >= len(coords) for d in group):
+            return (), "", size
+        at = coords[list(group)]
+        varying.update(int(i) for i in np.flatnonzero((at != at[0]).any(axis=0)))
+    names = tuple(mesh.axis_names[i] for i in sorted(varying))
+    over = "+".join(names)
+    spanned = int(np.prod([mesh.devices.shape[i] for i in varying]))
+    if raw.kind != "collective-permute" and names and size != spanned:
+        over += f" ({size} of {spanned})"
+    return names, over, size
+
+
+def _moved(kind: str, size: int, n: int) -> int:
+    """Bytes each device receives for one operand of `size` bytes on it, with
+    the bandwidth-optimal (ring) algorithms, which send as much."""
+    if kind == "all-gather":
+        return size * (n - 1)  # the others' shards
+    if kind == "all-reduce":
+        return 2 * size * (n - 1) // n  # a reduce-scatter, then an all-gather
+    if kind in ("reduce-scatter", "all-to-all", "ragged-all-to-all"):
+        return size * (n - 1) // n
+    return size  # collective-permute, collective-broadcast: one buffer
+
+
+def _shape(operand: _hlo.Operand) -> str:
+    dims = ",".join(str(d) for d in operand.dims)
+    return f"{_hlo.jax_dtype(operand.dtype)}[{dims}]"
+
+
+def _stack_of(
+    operand: str, collective: str, sources: Sources, operands: Mapping
+) -> tuple:
+    """The frames of a collective's operand: of the collective itself when it is
+    not merged, else of the nearest instruction above the operand that has
+    metadata (a bitcast or copy may have none)."""
+    own = sources.stack(collective)
+    if len(operands.get(collective, ())) <= 1:
+        return own
+    name, hops = operand, 0
+    while hops < 16:
+        stack = sources.stack(name)
+        if stack:
+            return stack
+        above = operands.get(name, ())
+        if not above:
+            break
+        name, hops = above[0], hops + 1
+    return own
+
+
+def _order(row: Collective) -> tuple:
+    first = row.sources[0] if row.sources else None
+    return (
+        row.kind,
+        row.axes,
+        first is None,
+        (first.file, first.line) if first else ("", 0),
+        row.name,
+    )

@@ -1,0 +1,355 @@
+"""The collectives of a compiled module, read from its HLO text.
+
+For each collective instruction reachable from the entry computation: its kind,
+the operands it moves (their shapes), the device groups it runs over (as
+partition ids: positions in the executable's device assignment), and how many
+times one call of the program runs it (the trip counts of the `while` loops
+around it). Nothing here knows about meshes or source lines.
+
+The text is XLA's, which changes across releases: replica groups are printed
+as lists (`{{0,1},{2,3}}`), as iota tile assignments (`[2,4]<=[4,2]T(1,0)`) or,
+in newer releases, over a mesh of XLA's own (`mesh['axis_0'=4,'axis_1'=2]
+{'axis_0'}`, with `device_ids=(...)` when the devices are not in order); all
+three are expanded to explicit groups. An instruction whose groups cannot be
+read keeps `groups=None` (reported, never dropped).
+"""
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+# The kinds XLA emits (with `-start` for the asynchronous forms; `-done` halves
+# move nothing and are skipped).
+KINDS = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+)
+
+_BITS = {
+    "pred": 8,
+    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
+}  # fmt: skip
+_NUMPY = {"pred": "bool", "bf16": "bfloat16", "c64": "complex64", "c128": "complex128"}
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_OPCODE = re.compile(r"\s([a-z][a-z0-9-]*)\(")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]+m[0-9]+[a-z]*)?)\[([^\]]*)\]")
+_CALLS = re.compile(
+    r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+_IOTA = re.compile(r"\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?")
+_MESH = re.compile(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}")
+_AXIS_REF = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What a collective moves for one of its operands."""
+
+    name: str  # the instruction that defines it
+    dtype: str  # XLA's element type, `f32`
+    dims: tuple[int, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RawCollective:
+    """One collective instruction, as the module says it."""
+
+    name: str
+    kind: str  # one of KINDS
+    computation: str
+    operands: tuple[Operand, ...]
+    groups: Optional[tuple[tuple[int, ...], ...]]  # partition ids; None: unread
+    pairs: tuple[tuple[int, int], ...]  # collective-permute's (source, target)
+    executions: int  # per call of the program (trip counts multiplied)
+    unknown_trips: bool  # inside a loop whose trip count XLA does not know
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    shape: str
+    opcode: str
+    operands: tuple[str, ...]
+    attributes: str
+
+
+def instructions(text: str) -> Iterator[tuple[str, bool, Instruction]]:
+    """`(computation, is_entry, instruction)` for every instruction of the text."""
+    computation, entry = "", False
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t")):
+            header = _HEADER.match(line)
+            if header is not None:
+                computation, entry = header.group(2), bool(header.group(1))
+            continue
+        match = _INSTRUCTION.match(line)
+        if match is None:
+            continue
+        rest = match.group(2)
+        opcode = _OPCODE.search(rest)
+        if opcode is None:
+            continue
+        start = opcode.end()
+        end = _closing(rest, start - 1)
+        yield (
+            computation,
+            entry,
+            Instruction(
+                match.group(1),
+                rest[: opcode.start()].strip(),
+                opcode.group(1),
+                tuple(re.findall(r"%([\w.\-]+)", rest[start:end])),
+                rest[end + 1 :],
+            ),
+        )
+
+
+def _closing(text: str, open_at: int) -> int:
+    """The index of the bracket closing the one at `open_at` (or the end)."""
+    pairs = {"(": ")", "{": "}", "[": "]"}
+    depth = 0
+    for i in range(open_at, len(text)):
+        c = text[i]
+        if c in pairs:
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text)
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """`[(dtype, dims), ...]` of a shape, a tuple's elements in order."""
+    out = []
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype == "token":
+            continue
+        sizes = tuple(int(d.lstrip("<=")) for d in dims.split(",") if d.strip())
+        out.append((dtype, sizes))
+    return out
+
+
+def nbytes(dtype: str, dims: tuple[int, ...]) -> int:
+    bits = _BITS.get(dtype)
+    if bits is None:  # the float8 family and others XLA may add: 8 bits or less
+        bits = 8
+    return (math.prod(dims) * bits + 7) // 8
+
+
+def jax_dtype(dtype: str) -> str:
+    """XLA's element type in JAX's words (`f32` -> `float32`)."""
+    if dtype in _NUMPY:
+        return _NUMPY[dtype]
+    match = re.fullmatch(r"([sufc])(\d+)(.*)", dtype)
+    if match is None:
+        return dtype
+    kind = {"s": "int", "u": "uint", "f": "float", "c": "complex"}[match.group(1)]
+    rest = match.group(3)
+    return f"{kind}{match.group(2)}{'_' + rest if rest else ''}"
+
+
+def read(text: str) -> tuple[list[RawCollective], dict[str, tuple[str, ...]]]:
+    """The collectives of the module reachable from its entry, and every
+    instruction's operands (to follow a merged collective's inputs back)."""
+    by_computation: dict[str, list[Instruction]] = {}
+    entry = None
+    for computation, is_entry, instruction in instructions(text):
+        by_computation.setdefault(computation, []).append(instruction)
+        if is_entry:
+            entry = computation
+    if entry is None:
+        return [], {}
+    runs, unknown = _executions(by_computation, entry)
+    shapes = {i.name: i.shape for body in by_computation.values() for i in body}
+    operands = {i.name: i.operands for body in by_computation.values() for i in body}
+    found = []
+    for computation, body in by_computation.items():
+        if computation not in runs:
+            continue  # never called from the entry (or a fusion's body)
+        for instruction in body:
+            kind = _kind(instruction.opcode)
+            if kind is None:
+                continue
+            moved = tuple(
+                Operand(name, dtype, dims, nbytes(dtype, dims))
+                for name in instruction.operands
+                for dtype, dims in arrays(shapes.get(name, ""))
+            )
+            found.append(
+                RawCollective(
+                    instruction.name,
+                    kind,
+                    computation,
+                    moved,
+                    groups(instruction.attributes),
+                    pairs(instruction.attributes),
+                    runs[computation],
+                    computation in unknown,
+                )
+            )
+    return found, operands
+
+
+def _kind(opcode: str) -> Optional[str]:
+    if opcode.endswith("-done"):
+        return None
+    base = opcode[: -len("-start")] if opcode.endswith("-start") else opcode
+    return base if base in KINDS else None
+
+
+def _executions(
+    by_computation: dict[str, list[Instruction]], entry: str
+) -> tuple[dict[str, int], set[str]]:
+    """How many times one call runs each computation reachable from the entry
+    (`while` bodies: their known trip count), and those inside a loop of
+    unknown trip count (counted once)."""
+    runs: dict[str, int] = {}
+    unknown: set[str] = set()
+    stack = [(entry, 1, False)]
+    while stack:
+        computation, times, loose = stack.pop()
+        runs[computation] = runs.get(computation, 0) + times
+        if loose:
+            unknown.add(computation)
+        for instruction in by_computation.get(computation, ()):
+            if instruction.opcode == "fusion":
+                continue  # a fusion's body holds no collective
+            callees = [c for _, c in _CALLS.findall(instruction.attributes)]
+            for branches in _BRANCHES.findall(instruction.attributes):
+                callees += re.findall(r"%?([\w.\-]+)", branches)
+            factor, inner_loose = 1, loose
+            if instruction.opcode == "while":
+                trip = _TRIP.search(instruction.attributes)
+                if trip is None:
+                    inner_loose = True
+                else:
+                    factor = int(trip.group(1))
+            if instruction.opcode not in ("while", "call", "conditional") and not (
+                instruction.opcode.startswith("async")
+            ):
+                continue  # `to_apply` of a reduction: a scalar function
+            for callee in callees:
+                if callee in by_computation:
+                    stack.append((callee, times * factor, inner_loose))
+    return runs, unknown
+
+
+def groups(attributes: str) -> Optional[tuple[tuple[int, ...], ...]]:
+    """The device groups of `replica_groups=...`, as partition ids.
+
+    `()` for `replica_groups={}` (all devices in one group: the caller knows how
+    many there are); `None` if the attribute is absent or unreadable.
+    """
+    at = attributes.find("replica_groups=")
+    if at < 0:
+        return None
+    value = attributes[at + len("replica_groups=") :]
+    try:
+        if value.startswith("{"):
+            inner = value[1 : _closing(value, 0)]
+            return tuple(
+                tuple(int(x) for x in g.split(",") if x.strip())
+                for g in re.findall(r"\{([^{}]*)\}", inner)
+            )
+        if value.startswith("mesh["):
+            return _mesh_groups(value)
+        return _iota_groups(value)
+    except (ValueError, IndexError):
+        return None
+
+
+def _iota_array(text: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """`[2,4]<=[4,2]T(1,0)` -> (the device ids in the order given, [2,4])."""
+    match = _IOTA.match(text)
+    if match is None:
+        raise ValueError(text)
+    dims = tuple(int(d) for d in match.group(1).split(","))
+    reshape = (
+        tuple(int(d) for d in match.group(2).split(",")) if match.group(2) else dims
+    )
+    ids = np.arange(math.prod(reshape)).reshape(reshape)
+    if match.group(3):
+        ids = ids.transpose([int(p) for p in match.group(3).split(",")])
+    return ids.reshape(-1), dims
+
+
+def _iota_groups(value: str) -> tuple[tuple[int, ...], ...]:
+    ids, dims = _iota_array(value)
+    return tuple(tuple(int(i) for i in row) for row in ids.reshape(dims[0], -1))
+
+
+def _mesh_groups(value: str) -> tuple[tuple[int, ...], ...]:
+    """`mesh['a'=4,'b'=2], device_ids=([4,2]T(1,0)) {'a'}`: the devices of XLA's
+    mesh grouped over the named axes (or sub-axes `'a':(pre)size`), as XLA's
+    `MeshAxesReplicaGroupList` does."""
+    match = _MESH.match(value)
+    if match is None:
+        raise ValueError(value)
+    names, sizes = [], []
+    for item in match.group(1).split(","):
+        name, size = item.rsplit("=", 1)
+        names.append(name.strip().strip("'"))
+        sizes.append(int(size))
+    count = math.prod(sizes)
+    devices = (
+        _iota_array(match.group(2).strip())[0] if match.group(2) else np.arange(count)
+    )
+    # Each mesh axis split into the parts that sub-axes name, in order.
+    whole: set[str] = set()
+    subs: dict[str, list[tuple[int, int]]] = {}
+    for name, pre, sub in _AXIS_REF.findall(match.group(3)):
+        if pre:
+            subs.setdefault(name, []).append((int(pre), int(sub)))
+        else:
+            whole.add(name)
+    split: list[int] = []
+    grouped: list[int] = []
+    for name, size in zip(names, sizes):
+        if name in whole or name not in subs:
+            if name in whole:
+                grouped.append(len(split))
+            split.append(size)
+            continue
+        done = 1
+        for pre, sub in sorted(subs[name]):
+            if pre != done:
+                split.append(pre // done)
+                done = pre
+            grouped.append(len(split))
+            split.append(sub)
+            done *= sub
+        if done != size:
+            split.append(size // done)
+    kept = [i for i in range(len(split)) if i not in grouped]
+    arranged = devices.reshape(split).transpose(kept + grouped)
+    per_group = math.prod(split[i] for i in grouped)
+    return tuple(tuple(int(d) for d in row) for row in arranged.reshape(-1, per_group))
+
+
+def pairs(attributes: str) -> tuple[tuple[int, int], ...]:
+    at = attributes.find("source_target_pairs=")
+    if at < 0:
+        return ()
+    value = attributes[at + len("source_target_pairs=") :]
+    inner = value[1 : _closing(value, 0)]
+    return tuple(
+        (int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", inner)
+    )
