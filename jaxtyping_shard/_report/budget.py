@@ -16,7 +16,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
-from .._core import mesh as _mesh
+import jax
+
+from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
 from . import hlo as _hlo
 from .explain import format_bytes
@@ -109,20 +111,34 @@ def entries(report: Any) -> dict[tuple, dict]:
 
 
 def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
+    """Writes this JAX release's section of the baseline at `path`, keeping the
+    sections of other releases."""
+    sections = load(path)["jax"] if os.path.exists(path) else {}
     found = list(entries(report).values())
-    head = {
-        "format": FORMAT,
-        "function": report.function,
+    sections[jax.__version__] = {
         "mesh": _mesh.sizes(report.mesh) if report.mesh is not None else {},
         "arrays": sum(e["arrays"] for e in found),
         "bytes": sum(e["bytes"] for e in found),
+        "collectives": found,
     }
-    lines = [json.dumps(head)[:-1] + ', "collectives": [']
-    lines += [
-        "  " + json.dumps(e) + ("," if i < len(found) - 1 else "")
-        for i, e in enumerate(found)
+    lines = [
+        "{",
+        f' "format": "{FORMAT}",',
+        f' "function": {json.dumps(report.function)},',
     ]
-    lines.append("]}")
+    lines.append(' "jax": {')
+    versions = sorted(sections, key=_compat._version)
+    for i, version in enumerate(versions):
+        section = dict(sections[version])
+        listed = section.pop("collectives")
+        head = json.dumps(section)[:-1] + ', "collectives": ['
+        lines.append(f"  {json.dumps(version)}: {head}")
+        lines += [
+            "   " + json.dumps(e) + ("," if j < len(listed) - 1 else "")
+            for j, e in enumerate(listed)
+        ]
+        lines.append("  ]}" + ("," if i < len(versions) - 1 else ""))
+    lines += [" }", "}"]
     with open(path, "w", encoding="utf-8") as file:
         file.write("\n".join(lines) + "\n")
 
@@ -130,7 +146,11 @@ def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
 def load(path: Union[str, "os.PathLike[str]"]) -> dict:
     with open(path, encoding="utf-8") as file:
         data = json.load(file)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or not isinstance(data.get("jax"), dict)
+    ):
         raise ValueError(
             f"{os.fspath(path)} is not a baseline of collectives ({FORMAT!r}, "
             "written by `Collectives.save`)"
@@ -155,13 +175,24 @@ def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
             f"no baseline at {os.fspath(path)}: write it with "
             f"`report.save({os.fspath(path)!r})` or `pytest --update-collectives`"
         ]
-    data = load(path)
-    old = {(e["kind"], e["over"], e["where"], e["in"]): e for e in data["collectives"]}
+    sections = load(path)["jax"]
+    section = sections.get(jax.__version__)
+    if section is None:
+        return [
+            f"no baseline for JAX {jax.__version__} in {os.fspath(path)} (it holds "
+            f"{', '.join(sorted(sections, key=_compat._version)) or 'none'}): "
+            "each JAX release compiles and annotates a step its own way; add its "
+            f"section with `report.save({os.fspath(path)!r})` or "
+            "`pytest --update-collectives`"
+        ]
+    old = {
+        (e["kind"], e["over"], e["where"], e["in"]): e for e in section["collectives"]
+    }
     problems = []
     now_mesh = _mesh.sizes(report.mesh) if report.mesh is not None else {}
-    if data.get("mesh") != now_mesh:
+    if section.get("mesh") != now_mesh:
         problems.append(
-            f"the baseline was taken on mesh {data.get('mesh')}, this report on "
+            f"the baseline was taken on mesh {section.get('mesh')}, this report on "
             f"{now_mesh}"
         )
     for key, entry in entries(report).items():

@@ -239,6 +239,13 @@ def _compile(fn: Callable, args: tuple, kwargs: dict) -> Any:
     if isinstance(fn, jax.stages.Lowered):
         return fn.compile()
     lower: Any = getattr(fn, "lower", None)
+    if lower is None and not callable(fn):
+        raise TypeError(
+            "collectives: expected a function, a `jax.jit` or `jaxtyping_shard.jit` "
+            f"object, or a `Lowered` / `Compiled` stage; got {type(fn).__name__} "
+            f"{fn!r}. Pass the step itself and its arguments: "
+            "`jts.collectives(step, *args)`."
+        )
     if lower is None:
         # A plain function: one `jax.jit` kept per function, so that a second
         # report on it finds JAX's trace cache too.

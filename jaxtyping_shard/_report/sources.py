@@ -5,9 +5,9 @@ stack-frame tables (file names, function names, file locations, frames with
 their parents). The text XLA prints gives the parent of a frame off by one
 (and JAX 0.8 prints no ids at all), so the tables and ids are read from the
 serialized `HloModuleProto` instead (`xla/service/hlo.proto`): a few fields,
-decoded here without a protobuf library. Every JAX release supported here
-writes them; a module without them falls back to the one frame of
-`source_file` / `source_line`.
+decoded here without a protobuf library. JAX 0.8 writes ids that do not
+match its tables, and the frame it takes for the user's inline
+(`source_file`, `source_line`): that one frame is all that is read there.
 """
 
 import linecache
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .._core import compat as _compat
 from .._core.site import is_library_file
 
 
@@ -129,11 +130,10 @@ class Sources:
     def stack(self, instruction: str) -> tuple[Frame, ...]:
         """The frames of an instruction, innermost first; `()` for none."""
         frame_id, file, line = self._metadata.get(instruction, (0, "", 0))
-        if frame_id:
+        if frame_id and _compat.hlo_stack_frames_usable():
             return self._stack(frame_id)
-        if file:
-            return (Frame(file, "?", line),)
-        return ()
+        # JAX 0.8: only the frame JAX took for the user's, inline.
+        return (Frame(file, "", line),) if file else ()
 
     def _stack(self, frame_id: int) -> tuple[Frame, ...]:
         known = self._stacks.get(frame_id)
@@ -164,14 +164,16 @@ class Source:
     file: str  # the file's name, without its directory
     line: int
     text: str  # the line, stripped ("" if the file cannot be read)
-    function: str  # the function holding the line
+    function: str  # the function holding the line ("" if unknown: JAX 0.8)
     annotated: Optional[str]  # the nearest enclosing function whose hints are checked
     where: str  # "model.py: text" (with " #k" for a repeated text): stable across edits
     frames: tuple[Frame, ...]  # the user's frames, innermost first
 
     def __str__(self) -> str:
         """`model.py:74 in `einsum` within `mix`: y = jnp.einsum(...)`."""
-        where = f"{self.file}:{self.line} in `{self.function}`"
+        where = f"{self.file}:{self.line}"
+        if self.function:
+            where += f" in `{self.function}`"
         if self.annotated is not None and self.annotated != self.function:
             where += f" within `{self.annotated}`"
         return f"{where}: {self.text}" if self.text else where
@@ -247,7 +249,9 @@ class Resolver:
 def _checks(caller: Frame) -> bool:
     """Whether `caller` is a type checker's wrapper calling the function below."""
     return (
-        caller.function.endswith("wrapped_fn_impl")  # jaxtyping's jaxtyped
+        # jaxtyping's `jaxtyped`, with a typechecker (`wrapped_fn_impl`) or with
+        # `typechecker=None` over typeguard's `@typechecked` (`wrapped_fn`)
+        caller.function.endswith(("wrapped_fn_impl", "jaxtyped.<locals>.wrapped_fn"))
         or caller.file.startswith("<@beartype(")  # beartype's generated wrapper
         or caller.function.endswith("checked.<locals>.boundary")  # jts.jit
     )
