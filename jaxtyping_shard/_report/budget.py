@@ -61,6 +61,13 @@ def select(
             f"where(kind=...): {sorted(unknown)} is not a collective XLA emits; "
             f"the kinds are {', '.join(_hlo.KINDS)}"
         )
+    if (ins or outs) and not _compat.hlo_stack_frames_usable():
+        raise ValueError(
+            "where(inside=..., outside=...): selecting by function needs the frames "
+            f"that JAX >= 0.9 keeps in a compiled program; JAX {jax.__version__} "
+            "keeps one line per operation, without its function. Select by kind "
+            "and axes here, or upgrade JAX."
+        )
     if over and mesh is not None and not over <= set(mesh.axis_names):
         raise ValueError(
             f"where(axes=...): {sorted(over - set(mesh.axis_names))} is not an axis "

@@ -198,7 +198,7 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
     text = compiled.as_text()
     (module,) = compiled.runtime_executable().hlo_modules()[:1]
     sources = Sources(module.as_serialized_hlo_module_proto())
-    found, operands = _hlo.read(text)
+    found, graph = _hlo.read(text)
     partitions = mesh.size if mesh is not None else _num_partitions(text)
     coords = _coordinates(mesh)
     resolver = Resolver()
@@ -209,7 +209,7 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
             Part(
                 _shape(operand),
                 _moved(raw.kind, operand.bytes, size) * raw.executions,
-                resolver.source(_stack_of(operand.name, raw.name, sources, operands)),
+                resolver.source(sources.stack_for(raw.name, operand.name, graph)),
             )
             for operand in raw.operands
         )
@@ -342,27 +342,6 @@ def _moved(kind: str, size: int, n: int) -> int:
 def _shape(operand: _hlo.Operand) -> str:
     dims = ",".join(str(d) for d in operand.dims)
     return f"{_hlo.jax_dtype(operand.dtype)}[{dims}]"
-
-
-def _stack_of(
-    operand: str, collective: str, sources: Sources, operands: Mapping
-) -> tuple:
-    """The frames of a collective's operand: of the collective itself when it is
-    not merged, else of the nearest instruction above the operand that has
-    metadata (a bitcast or copy may have none)."""
-    own = sources.stack(collective)
-    if len(operands.get(collective, ())) <= 1:
-        return own
-    name, hops = operand, 0
-    while hops < 16:
-        stack = sources.stack(name)
-        if stack:
-            return stack
-        above = operands.get(name, ())
-        if not above:
-            break
-        name, hops = above[0], hops + 1
-    return own
 
 
 def _order(row: Collective) -> tuple:

@@ -166,9 +166,17 @@ def jax_dtype(dtype: str) -> str:
     return f"{kind}{match.group(2)}{'_' + rest if rest else ''}"
 
 
-def read(text: str) -> tuple[list[RawCollective], dict[str, tuple[str, ...]]]:
-    """The collectives of the module reachable from its entry, and every
-    instruction's operands (to follow a merged collective's inputs back)."""
+@dataclass(frozen=True)
+class Graph:
+    """Which instructions each one uses and is used by, by name."""
+
+    operands: dict[str, tuple[str, ...]]
+    users: dict[str, tuple[str, ...]]
+
+
+def read(text: str) -> tuple[list[RawCollective], Graph]:
+    """The collectives of the module reachable from its entry, and its graph (to
+    follow a collective's inputs back, or its result on)."""
     by_computation: dict[str, list[Instruction]] = {}
     entry = None
     for computation, is_entry, instruction in instructions(text):
@@ -176,10 +184,14 @@ def read(text: str) -> tuple[list[RawCollective], dict[str, tuple[str, ...]]]:
         if is_entry:
             entry = computation
     if entry is None:
-        return [], {}
+        return [], Graph({}, {})
     runs, unknown = _executions(by_computation, entry)
     shapes = {i.name: i.shape for body in by_computation.values() for i in body}
     operands = {i.name: i.operands for body in by_computation.values() for i in body}
+    users: dict[str, list[str]] = {}
+    for name, used in operands.items():
+        for operand in used:
+            users.setdefault(operand, []).append(name)
     found = []
     for computation, body in by_computation.items():
         if computation not in runs:
@@ -205,7 +217,7 @@ def read(text: str) -> tuple[list[RawCollective], dict[str, tuple[str, ...]]]:
                     computation in unknown,
                 )
             )
-    return found, operands
+    return found, Graph(operands, {k: tuple(v) for k, v in users.items()})
 
 
 def _kind(opcode: str) -> Optional[str]:

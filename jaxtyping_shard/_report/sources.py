@@ -135,6 +135,39 @@ class Sources:
         # JAX 0.8: only the frame JAX took for the user's, inline.
         return (Frame(file, "", line),) if file else ()
 
+    def stack_for(self, collective: str, operand: str, graph: Any) -> tuple[Frame, ...]:
+        """The frames of one operand of a collective (`graph`: an `hlo.Graph`).
+
+        A merged collective's operand: the nearest instruction above it with
+        frames (a bitcast or copy may have none). Otherwise the collective's own.
+        A collective with none of its own (JAX 0.12 gives one that moves a
+        function's argument the argument's metadata, which has no frames): the
+        nearest instruction using its result that has some; none (only the
+        result tuple uses it): a layout XLA chose, `()`.
+        """
+        if len(graph.operands.get(collective, ())) > 1:
+            found = self._nearest(operand, graph.operands)
+            if found:
+                return found
+        return self._nearest(collective, graph.users)
+
+    def _nearest(self, start: str, edges: dict) -> tuple[Frame, ...]:
+        """The frames of the nearest instruction from `start` (itself first)
+        along `edges`, breadth first and a few steps, that has some."""
+        frontier, seen = [start], {start}
+        for _ in range(8):
+            following = []
+            for name in frontier:
+                stack = self.stack(name)
+                if stack:
+                    return stack
+                for other in edges.get(name, ()):
+                    if other not in seen:
+                        seen.add(other)
+                        following.append(other)
+            frontier = following
+        return ()
+
     def _stack(self, frame_id: int) -> tuple[Frame, ...]:
         known = self._stacks.get(frame_id)
         if known is not None:
