@@ -42,11 +42,15 @@ def _names(value: Union[str, Iterable[str], None], what: str) -> frozenset[str]:
 
 
 def _in_function(part: Any, functions: frozenset[str]) -> bool:
-    if part.source is None:
+    """Whether a part's line is in one of `functions`: the function holding the
+    line, or the nearest annotated function around it (by qualified name or its
+    last part)."""
+    source = part.source
+    if source is None:
         return False
     return any(
-        frame.function in functions or frame.function.rpartition(".")[2] in functions
-        for frame in part.source.frames
+        name and (name in functions or name.rpartition(".")[2] in functions)
+        for name in (source.function, source.annotated)
     )
 
 
@@ -316,10 +320,12 @@ def table(report: Any) -> str:
 
 
 def _by_source(parts: tuple) -> list:
-    groups: dict[Any, list] = {}
+    """Parts grouped by the line they come from, as printed (a line reached
+    through several calls is one line)."""
+    groups: dict[str, tuple[Any, list]] = {}
     for part in parts:
-        groups.setdefault(part.source, []).append(part)
-    return list(groups.items())
+        groups.setdefault(_line(part.source), (part.source, []))[1].append(part)
+    return list(groups.values())
 
 
 def _line(source: Any) -> str:

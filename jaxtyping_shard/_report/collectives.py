@@ -56,12 +56,13 @@ class Collective(NamedTuple):
 
     @property
     def sources(self) -> tuple[Source, ...]:
-        """Each distinct source line of its parts, in order."""
-        seen: dict[Source, None] = {}
+        """Each distinct source line of its parts, in order (a line reached
+        through several calls, once)."""
+        seen: dict[str, Source] = {}
         for part in self.parts:
             if part.source is not None:
-                seen.setdefault(part.source, None)
-        return tuple(seen)
+                seen.setdefault(str(part.source), part.source)
+        return tuple(seen.values())
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,15 @@ class Collectives:
         outside: Union[str, Iterable[str], None] = None,
     ) -> "Collectives":
         """The collectives of these kinds, running over all of these axes, whose
-        parts come from inside (or outside) these functions.
+        parts come from lines inside (or outside) these functions.
 
         A function is named by its qualified name (`Attention.__call__`) or its
-        last part (`__call__`); a part is inside it when any of its user frames
-        is in it. A part with no source (a layout's) is outside every function.
+        last part (`__call__`). A line is inside the function that holds it and
+        inside the nearest annotated function around it (`Source.function`,
+        `Source.annotated`), not inside their callers: the rule "no all-gather
+        over `data` outside the functions that gather weights" flags one made in
+        a function they call. A part with no source is outside every function.
+        Selecting by function needs JAX >= 0.9 (JAX 0.8 keeps no functions).
         """
         return Collectives(
             _budget.select(self.rows, self.mesh, kind, axes, inside, outside),
