@@ -189,6 +189,7 @@ def raw(kind="all-reduce", groups=None, pairs=()):
         ("collective-permute", None, ((0, 2), (2, 4), (4, 6), (6, 0)), ("data",),
          "data", 4),
         ("collective-permute", None, ((0, 0), (1, 1)), (), "", 2),  # moves nothing
+        ("all-gather", None, (), (), "?", 8),  # groups unread: said, bytes bounded
     ],
 )  # fmt: skip
 def test_groups_to_axes(kind, groups, pairs, axes, over, size):

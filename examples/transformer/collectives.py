@@ -16,34 +16,44 @@ from pathlib import Path
 BASELINE = Path(__file__).with_name("collectives.json")
 
 
-def report(axis_type: str = "explicit", config=None, mesh_shape=(4, 2)):
-    """The collectives of `train_step` under the FSDP + TP rules table."""
+def arguments(config, mesh):
+    """`train_step`'s arguments as `jax.ShapeDtypeStruct`s laid out as annotated
+    (under the rules table in force)."""
     import jax
     import numpy as np
 
     import jaxtyping_shard as jts
 
     from . import train
+    from .optim import adamw_init
+
+    key = jax.random.key(0, impl="rbg")
+    params = jts.abstract(train.Transformer, key, config, mesh=mesh)
+    opt = jts.abstract(adamw_init, params, mesh=mesh)
+    tokens = jax.ShapeDtypeStruct((config.batch, config.seq), np.int32)
+    shapes = train.Batch(tokens, tokens)
+    batch = jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        shapes,
+        jts.shardings(shapes, mesh),
+    )
+    return params, opt, batch
+
+
+def report(axis_type: str = "explicit", config=None, mesh_shape=(4, 2)):
+    """The collectives of `train_step` under the FSDP + TP rules table."""
+    import jax
+
+    import jaxtyping_shard as jts
+
+    from . import train
     from .layout import RULES
     from .model import Config
-    from .optim import adamw_init
 
     config = Config() if config is None else config
     mesh = train.make_mesh(mesh_shape, axis_type)
     with jax.set_mesh(mesh), jts.axis_rules(RULES["fsdp_tp"]):
-        key = jax.random.key(0, impl="rbg")
-        params = jts.abstract(train.Transformer, key, config, mesh=mesh)
-        opt = jts.abstract(adamw_init, params, mesh=mesh)
-        tokens = jax.ShapeDtypeStruct((config.batch, config.seq), np.int32)
-        shapes = train.Batch(tokens, tokens)
-        batch = jax.tree.map(
-            lambda s, sharding: jax.ShapeDtypeStruct(
-                s.shape, s.dtype, sharding=sharding
-            ),
-            shapes,
-            jts.shardings(shapes, mesh),
-        )
-        return jts.collectives(train.train_step, params, opt, batch)
+        return jts.collectives(train.train_step, *arguments(config, mesh))
 
 
 def main(argv=None) -> int:

@@ -93,6 +93,7 @@ class Collectives:
         return sum(r.bytes for r in self.rows)
 
     def by_kind(self) -> dict[str, Total]:
+        """Totals per kind (`all-gather`, `all-reduce`, ...)."""
         return self._totals(lambda r: r.kind)
 
     def by_axes(self) -> dict[str, Total]:
@@ -311,11 +312,15 @@ def _axes(
         moves = [(s, t) for s, t in raw.pairs if s != t]
         sets = [tuple(pair) for pair in moves]
         size = len({d for pair in raw.pairs for d in pair}) if raw.pairs else 1
+    elif raw.groups is None:
+        # Groups written in a form this reader does not know: said as "?", the
+        # bytes counted as if over every device (an upper bound).
+        return (), "?", partitions
     else:
-        sets = list(raw.groups) if raw.groups else []
-        if raw.groups == ():  # `replica_groups={}`: every device, one group
+        sets = list(raw.groups)
+        if not sets:  # `replica_groups={}`: every device, one group
             sets = [tuple(range(partitions))]
-        size = max((len(g) for g in sets), default=1)
+        size = max(len(g) for g in sets)
     if coords is None or mesh is None:
         return (), "", size
     varying: set[int] = set()
