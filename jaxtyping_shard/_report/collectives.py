@@ -202,9 +202,9 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
     compiled = _compile(fn, args, kwargs)
     mesh = _mesh_of(compiled)
     text = compiled.as_text()
-    (module,) = compiled.runtime_executable().hlo_modules()[:1]
-    sources = Sources(module.as_serialized_hlo_module_proto())
     found, graph = _hlo.read(text)
+    (module,) = compiled.runtime_executable().hlo_modules()[:1]
+    sources = Sources(module.as_serialized_hlo_module_proto(), graph.computations)
     partitions = mesh.size if mesh is not None else _num_partitions(text)
     coords = _coordinates(mesh)
     resolver = Resolver()

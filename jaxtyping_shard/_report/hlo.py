@@ -16,7 +16,6 @@ read keeps `groups=None` (reported, never dropped).
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -90,35 +89,55 @@ class Instruction:
     attributes: str
 
 
-def instructions(text: str) -> Iterator[tuple[str, bool, Instruction]]:
-    """`(computation, is_entry, instruction)` for every instruction of the text."""
-    computation, entry = "", False
-    for line in text.splitlines():
-        if not line.startswith((" ", "\t")):
+class _Module:
+    """A module's text split into its computations, each parsed when first
+    asked for: the bodies of fusions, most of the text, never are."""
+
+    def __init__(self, text: str):
+        self.entry: Optional[str] = None
+        self._lines: dict[str, list[str]] = {}
+        self._parsed: dict[str, list[Instruction]] = {}
+        current: Optional[list[str]] = None
+        for line in text.splitlines():
+            if line.startswith((" ", "\t")):
+                if current is not None:
+                    current.append(line)
+                continue
             header = _HEADER.match(line)
+            current = None
             if header is not None:
-                computation, entry = header.group(2), bool(header.group(1))
-            continue
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            continue
-        rest = match.group(2)
-        opcode = _OPCODE.search(rest)
-        if opcode is None:
-            continue
-        start = opcode.end()
-        end = _closing(rest, start - 1)
-        yield (
-            computation,
-            entry,
-            Instruction(
-                match.group(1),
-                rest[: opcode.start()].strip(),
-                opcode.group(1),
-                tuple(re.findall(r"%([\w.\-]+)", rest[start:end])),
-                rest[end + 1 :],
-            ),
-        )
+                current = self._lines[header.group(2)] = []
+                if header.group(1):
+                    self.entry = header.group(2)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._lines
+
+    def body(self, name: str) -> list[Instruction]:
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            found = (_instruction(line) for line in self._lines.get(name, ()))
+            parsed = self._parsed[name] = [i for i in found if i is not None]
+        return parsed
+
+
+def _instruction(line: str) -> Optional[Instruction]:
+    match = _INSTRUCTION.match(line)
+    if match is None:
+        return None
+    rest = match.group(2)
+    opcode = _OPCODE.search(rest)
+    if opcode is None:
+        return None
+    start = opcode.end()
+    end = _closing(rest, start - 1)
+    return Instruction(
+        match.group(1),
+        rest[: opcode.start()].strip(),
+        opcode.group(1),
+        tuple(re.findall(r"%([\w.\-]+)", rest[start:end])),
+        rest[end + 1 :],
+    )
 
 
 def _closing(text: str, open_at: int) -> int:
@@ -168,35 +187,32 @@ def jax_dtype(dtype: str) -> str:
 
 @dataclass(frozen=True)
 class Graph:
-    """Which instructions each one uses and is used by, by name."""
+    """Which instructions each one uses and is used by, by name, in the
+    computations that run (`computations`: fusion bodies left out)."""
 
     operands: dict[str, tuple[str, ...]]
     users: dict[str, tuple[str, ...]]
+    computations: frozenset[str] = frozenset()
 
 
 def read(text: str) -> tuple[list[RawCollective], Graph]:
-    """The collectives of the module reachable from its entry, and its graph (to
-    follow a collective's inputs back, or its result on)."""
-    by_computation: dict[str, list[Instruction]] = {}
-    entry = None
-    for computation, is_entry, instruction in instructions(text):
-        by_computation.setdefault(computation, []).append(instruction)
-        if is_entry:
-            entry = computation
-    if entry is None:
+    """The collectives of the module reachable from its entry, and the graph of
+    the computations that run them (to follow a collective's inputs back, or its
+    result on)."""
+    module = _Module(text)
+    if module.entry is None:
         return [], Graph({}, {})
-    runs, unknown = _executions(by_computation, entry)
-    shapes = {i.name: i.shape for body in by_computation.values() for i in body}
-    operands = {i.name: i.operands for body in by_computation.values() for i in body}
+    runs, unknown = _executions(module, module.entry)
+    operands: dict[str, tuple[str, ...]] = {}
     users: dict[str, list[str]] = {}
-    for name, used in operands.items():
-        for operand in used:
-            users.setdefault(operand, []).append(name)
     found = []
-    for computation, body in by_computation.items():
-        if computation not in runs:
-            continue  # never called from the entry (or a fusion's body)
+    for computation in runs:
+        body = module.body(computation)
+        shapes = {i.name: i.shape for i in body}
         for instruction in body:
+            operands[instruction.name] = instruction.operands
+            for operand in instruction.operands:
+                users.setdefault(operand, []).append(instruction.name)
             kind = _kind(instruction.opcode)
             if kind is None:
                 continue
@@ -217,7 +233,9 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
                     computation in unknown,
                 )
             )
-    return found, Graph(operands, {k: tuple(v) for k, v in users.items()})
+    return found, Graph(
+        operands, {k: tuple(v) for k, v in users.items()}, frozenset(runs)
+    )
 
 
 def _kind(opcode: str) -> Optional[str]:
@@ -227,9 +245,7 @@ def _kind(opcode: str) -> Optional[str]:
     return base if base in KINDS else None
 
 
-def _executions(
-    by_computation: dict[str, list[Instruction]], entry: str
-) -> tuple[dict[str, int], set[str]]:
+def _executions(module: _Module, entry: str) -> tuple[dict[str, int], set[str]]:
     """How many times one call runs each computation reachable from the entry
     (`while` bodies: their known trip count), and those inside a loop of
     unknown trip count (counted once)."""
@@ -241,7 +257,7 @@ def _executions(
         runs[computation] = runs.get(computation, 0) + times
         if loose:
             unknown.add(computation)
-        for instruction in by_computation.get(computation, ()):
+        for instruction in module.body(computation):
             if instruction.opcode == "fusion":
                 continue  # a fusion's body holds no collective
             callees = [c for _, c in _CALLS.findall(instruction.attributes)]
@@ -259,7 +275,7 @@ def _executions(
             ):
                 continue  # `to_apply` of a reduction: a scalar function
             for callee in callees:
-                if callee in by_computation:
+                if callee in module:
                     stack.append((callee, times * factor, inner_loose))
     return runs, unknown
 

@@ -34,7 +34,7 @@ class Frame:
 
 # Field numbers of xla/service/hlo.proto and xla/xla_data.proto.
 _MODULE_COMPUTATIONS, _MODULE_FRAMES = 3, 17
-_COMPUTATION_INSTRUCTIONS = 2
+_COMPUTATION_NAME, _COMPUTATION_INSTRUCTIONS = 1, 2
 _INSTRUCTION_NAME, _INSTRUCTION_METADATA = 1, 7
 _METADATA_FILE, _METADATA_LINE, _METADATA_FRAME = 3, 4, 15
 _INDEX_FILES, _INDEX_FUNCTIONS, _INDEX_LOCATIONS, _INDEX_FRAMES = 1, 2, 3, 4
@@ -82,9 +82,10 @@ def _message(data: bytes, span: tuple[int, int]) -> dict[int, Any]:
 
 
 class Sources:
-    """The frames of each instruction of one serialized module, by name."""
+    """The frames of each instruction of one serialized module, by name: of the
+    instructions of `computations` (all, if not given)."""
 
-    def __init__(self, proto: bytes):
+    def __init__(self, proto: bytes, computations: Optional[frozenset[str]] = None):
         self._metadata: dict[str, tuple[int, str, int]] = {}
         files: list[str] = []
         functions: list[str] = []
@@ -92,7 +93,7 @@ class Sources:
         frames: list[dict[int, Any]] = []
         for field, value in _fields(proto, 0, len(proto)):
             if field == _MODULE_COMPUTATIONS:
-                self._read_computation(proto, value)
+                self._read_computation(proto, value, computations)
             elif field == _MODULE_FRAMES:
                 for sub, item in _fields(proto, *value):
                     if sub == _INDEX_FILES:
@@ -107,8 +108,14 @@ class Sources:
         self._locations, self._frames = locations, frames
         self._stacks: dict[int, tuple[Frame, ...]] = {}
 
-    def _read_computation(self, proto: bytes, span: tuple[int, int]) -> None:
+    def _read_computation(
+        self, proto: bytes, span: tuple[int, int], wanted: Optional[frozenset[str]]
+    ) -> None:
         for field, value in _fields(proto, *span):
+            if field == _COMPUTATION_NAME:
+                if wanted is not None and _text(proto, value) not in wanted:
+                    return  # its name comes first: the rest is skipped unread
+                continue
             if field != _COMPUTATION_INSTRUCTIONS:
                 continue
             name, metadata = None, None
