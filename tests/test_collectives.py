@@ -287,3 +287,38 @@ def test_jts_jit_objects_reuse_their_compile(mesh):
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match="collectives: expected a function"):
         jts.collectives(42)
+
+
+Stored = Float[Array, "embed hidden", jts.Logical("embed", "hidden")]
+Used = Float[Array, "embed hidden", jts.Logical(None, "hidden")]
+
+
+@jaxtyped(typechecker=beartype)
+def use_weight(x: Float[Array, "batch embed", P("data", None)], w: Stored):
+    return x @ jts.reshard(w, Used)  # use_weight
+
+
+def test_the_report_follows_the_rules_through_jaxs_caches(mesh):
+    # The rules table is part of JAX's cache keys: a new table is a new program
+    # (and a new report); going back finds the first compile again.
+    x = place(mesh, (8, 16), P("data", None))
+    w = place(mesh, (16, 8), P("data", "model"))
+    w_whole = place(mesh, (16, 8), P(None, "model"))
+    fsdp = {"embed": "data", "hidden": "model"}
+    whole = {"embed": None, "hidden": "model"}
+    step = jax.jit(use_weight)
+    with jax.set_mesh(mesh), Compiles() as compiles:
+        with jts.axis_rules(fsdp):
+            first = jts.collectives(step, x, w)
+        with jts.axis_rules(whole):
+            second = jts.collectives(step, x, w_whole)
+        assert compiles.count == 2
+        with jts.axis_rules(fsdp):
+            again = jts.collectives(step, x, w)
+        assert compiles.count == 2
+    gathers = [r for r in first.rows if r.kind == "all-gather"]
+    assert [(r.axes, r.sources[0].line) for r in gathers] == [
+        (("data",), line_of("use_weight"))
+    ]
+    assert not [r for r in second.rows if r.kind == "all-gather"]
+    assert str(again) == str(first)
