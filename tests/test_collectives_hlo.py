@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from jaxtyping_shard._report import collectives as _collectives, hlo
+from jaxtyping_shard._report import collectives as _collectives, groups as _groups, hlo
 
 from .helpers import MESHES
 
@@ -48,7 +48,7 @@ from .helpers import MESHES
     ],
 )  # fmt: skip
 def test_device_group_forms(text, groups):
-    found = hlo.groups(text)
+    found = _groups.groups(text)
     if groups is None:
         assert found is None
     else:
@@ -69,7 +69,7 @@ def test_mesh_groups_match_a_brute_force_reading():
                 text = "mesh['x'=2,'y'=2,'z'=2]{} {{{}}}".format(
                     order, ",".join(f"'{names[a]}'" for a in axes)
                 )
-                found = hlo.groups("replica_groups=" + text)
+                found = _groups.groups("replica_groups=" + text)
                 assert found is not None, text
                 kept = [a for a in range(3) if a not in axes]
                 want = grid.transpose(kept + list(axes)).reshape(-1, 2**k)
@@ -172,10 +172,6 @@ def test_dtypes_and_sizes():
     ]  # fmt: skip
 
 
-def raw(kind="all-reduce", groups=None, pairs=()):
-    return hlo.RawCollective("c", kind, "main", (), groups, pairs, 1, False)
-
-
 @pytest.mark.parametrize(
     "kind, groups, pairs, axes, over, size",
     [
@@ -194,8 +190,8 @@ def raw(kind="all-reduce", groups=None, pairs=()):
 )  # fmt: skip
 def test_groups_to_axes(kind, groups, pairs, axes, over, size):
     mesh = MESHES["explicit"]()  # data=4, model=2: partition p at (p // 2, p % 2)
-    coords = _collectives._coordinates(mesh)
-    got = _collectives._axes(raw(kind, groups, pairs), coords, mesh, 8)
+    coords = _groups.coordinates(mesh)
+    got = _groups.axes(kind, groups, pairs, coords, mesh, 8)
     assert got == (axes, over, size)
 
 

@@ -15,11 +15,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Union
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding
 
-from .._core import mesh as _mesh
-from . import budget as _budget, hlo as _hlo
+from . import budget as _budget, groups as _groups, hlo as _hlo, table as _table
 from .sources import Resolver, Source, Sources
 
 
@@ -160,7 +157,7 @@ class Collectives:
         _budget.save(self, path)
 
     def __str__(self) -> str:
-        return _budget.table(self)
+        return _table.table(self)
 
     def __repr__(self) -> str:
         return str(self)
@@ -200,17 +197,19 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
     printed, totals `by_kind()` / `by_axes()`, `where(...)` and `check(...)`.
     """
     compiled = _compile(fn, args, kwargs)
-    mesh = _mesh_of(compiled)
+    mesh = _groups.mesh_of(compiled)
     text = compiled.as_text()
     found, graph = _hlo.read(text)
     (module,) = compiled.runtime_executable().hlo_modules()[:1]
     sources = Sources(module.as_serialized_hlo_module_proto(), graph.computations)
-    partitions = mesh.size if mesh is not None else _num_partitions(text)
-    coords = _coordinates(mesh)
+    partitions = mesh.size if mesh is not None else _groups.num_partitions(text)
+    coords = _groups.coordinates(mesh)
     resolver = Resolver()
     rows = []
     for raw in found:
-        axes, over, size = _axes(raw, coords, mesh, partitions)
+        axes, over, size = _groups.axes(
+            raw.kind, raw.groups, raw.pairs, coords, mesh, partitions
+        )
         parts = tuple(
             Part(
                 _shape(operand),
@@ -271,70 +270,6 @@ def _name(fn: Any) -> str:
         if isinstance(name, str):
             return name
     return type(fn).__name__
-
-
-def _mesh_of(compiled: Any) -> Optional[Mesh]:
-    """The mesh whose flattened devices are the executable's device assignment:
-    that of its arguments' or results' `NamedSharding`s, else `jax.set_mesh`'s."""
-    shardings = jax.tree_util.tree_leaves(
-        (compiled.input_shardings, compiled.output_shardings)
-    )
-    for sharding in shardings:
-        if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
-            return sharding.mesh
-    return _mesh.concrete_context_mesh()
-
-
-def _num_partitions(text: str) -> int:
-    head = text[: text.find("\n")]
-    at = head.find("num_partitions=")
-    return int(head[at + 15 :].split(",")[0].split()[0]) if at >= 0 else 1
-
-
-def _coordinates(mesh: Optional[Mesh]) -> Optional[np.ndarray]:
-    """Each partition's position on the mesh: partition `p` is the `p`-th device
-    of `mesh.devices.flat`, the executable's device assignment."""
-    if mesh is None:
-        return None
-    shape = tuple(mesh.devices.shape)
-    return np.stack(np.unravel_index(np.arange(mesh.size), shape), axis=1)
-
-
-def _axes(
-    raw: _hlo.RawCollective,
-    coords: Optional[np.ndarray],
-    mesh: Optional[Mesh],
-    partitions: int,
-) -> tuple[tuple[str, ...], str, int]:
-    """The mesh axes a collective's device groups span, those axes in words
-    (`data (2 of 4)` when a group spans part of them), and the group size."""
-    if raw.kind == "collective-permute":
-        moves = [(s, t) for s, t in raw.pairs if s != t]
-        sets = [tuple(pair) for pair in moves]
-        size = len({d for pair in raw.pairs for d in pair}) if raw.pairs else 1
-    elif raw.groups is None:
-        # Groups written in a form this reader does not know: said as "?", the
-        # bytes counted as if over every device (an upper bound).
-        return (), "?", partitions
-    else:
-        sets = list(raw.groups)
-        if not sets:  # `replica_groups={}`: every device, one group
-            sets = [tuple(range(partitions))]
-        size = max(len(g) for g in sets)
-    if coords is None or mesh is None:
-        return (), "", size
-    varying: set[int] = set()
-    for group in sets:
-        if any(d >= len(coords) for d in group):
-            return (), "", size
-        at = coords[list(group)]
-        varying.update(int(i) for i in np.flatnonzero((at != at[0]).any(axis=0)))
-    names = tuple(mesh.axis_names[i] for i in sorted(varying))
-    over = "+".join(names)
-    spanned = int(np.prod([mesh.devices.shape[i] for i in varying]))
-    if raw.kind != "collective-permute" and names and size != spanned:
-        over += f" ({size} of {spanned})"
-    return names, over, size
 
 
 def _moved(kind: str, size: int, n: int) -> int:

@@ -6,12 +6,10 @@ partition ids: positions in the executable's device assignment), and how many
 times one call of the program runs it (the trip counts of the `while` loops
 around it). Nothing here knows about meshes or source lines.
 
-The text is XLA's, which changes across releases: replica groups are printed
-as lists (`{{0,1},{2,3}}`), as iota tile assignments (`[2,4]<=[4,2]T(1,0)`) or,
-in newer releases, over a mesh of XLA's own (`mesh['axis_0'=4,'axis_1'=2]
-{'axis_0'}`, with `device_ids=(...)` when the devices are not in order); all
-three are expanded to explicit groups. An instruction whose groups cannot be
-read keeps `groups=None` (reported, never dropped).
+The text is XLA's, which changes across releases (its device groups are read
+in `groups.py`); an instruction whose groups cannot be read keeps
+`groups=None` (reported, never dropped). Only the computations that run are
+parsed: the bodies of fusions, most of the text, hold no collective.
 """
 
 import math
@@ -19,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
+from . import groups as _groups
 
 
 # The kinds XLA emits (with `-start` for the asynchronous forms; `-done` halves
@@ -51,9 +49,6 @@ _CALLS = re.compile(
 )
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
-_IOTA = re.compile(r"\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?")
-_MESH = re.compile(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}")
-_AXIS_REF = re.compile(r"'([^']+)'(?::\((\d+)\)(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ class RawCollective:
     kind: str  # one of KINDS
     computation: str
     operands: tuple[Operand, ...]
-    groups: Optional[tuple[tuple[int, ...], ...]]  # partition ids; None: unread
+    groups: _groups.Groups  # partition ids; None: unread
     pairs: tuple[tuple[int, int], ...]  # collective-permute's (source, target)
     executions: int  # per call of the program (trip counts multiplied)
     unknown_trips: bool  # inside a loop whose trip count XLA does not know
@@ -130,7 +125,7 @@ def _instruction(line: str) -> Optional[Instruction]:
     if opcode is None:
         return None
     start = opcode.end()
-    end = _closing(rest, start - 1)
+    end = _groups.closing(rest, start - 1)
     return Instruction(
         match.group(1),
         rest[: opcode.start()].strip(),
@@ -138,21 +133,6 @@ def _instruction(line: str) -> Optional[Instruction]:
         tuple(re.findall(r"%([\w.\-]+)", rest[start:end])),
         rest[end + 1 :],
     )
-
-
-def _closing(text: str, open_at: int) -> int:
-    """The index of the bracket closing the one at `open_at` (or the end)."""
-    pairs = {"(": ")", "{": "}", "[": "]"}
-    depth = 0
-    for i in range(open_at, len(text)):
-        c = text[i]
-        if c in pairs:
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-            if depth == 0:
-                return i
-    return len(text)
 
 
 def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -227,8 +207,8 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
                     kind,
                     computation,
                     moved,
-                    groups(instruction.attributes),
-                    pairs(instruction.attributes),
+                    _groups.groups(instruction.attributes),
+                    _groups.pairs(instruction.attributes),
                     runs[computation],
                     computation in unknown,
                 )
@@ -278,106 +258,3 @@ def _executions(module: _Module, entry: str) -> tuple[dict[str, int], set[str]]:
                 if callee in module:
                     stack.append((callee, times * factor, inner_loose))
     return runs, unknown
-
-
-def groups(attributes: str) -> Optional[tuple[tuple[int, ...], ...]]:
-    """The device groups of `replica_groups=...`, as partition ids.
-
-    `()` for `replica_groups={}` (all devices in one group: the caller knows how
-    many there are); `None` if the attribute is absent or unreadable.
-    """
-    at = attributes.find("replica_groups=")
-    if at < 0:
-        return None
-    value = attributes[at + len("replica_groups=") :]
-    try:
-        if value.startswith("{"):
-            inner = value[1 : _closing(value, 0)]
-            return tuple(
-                tuple(int(x) for x in g.split(",") if x.strip())
-                for g in re.findall(r"\{([^{}]*)\}", inner)
-            )
-        if value.startswith("mesh["):
-            return _mesh_groups(value)
-        return _iota_groups(value)
-    except (ValueError, IndexError):
-        return None
-
-
-def _iota_array(text: str) -> tuple[np.ndarray, tuple[int, ...]]:
-    """`[2,4]<=[4,2]T(1,0)` -> (the device ids in the order given, [2,4])."""
-    match = _IOTA.match(text)
-    if match is None:
-        raise ValueError(text)
-    dims = tuple(int(d) for d in match.group(1).split(","))
-    reshape = (
-        tuple(int(d) for d in match.group(2).split(",")) if match.group(2) else dims
-    )
-    ids = np.arange(math.prod(reshape)).reshape(reshape)
-    if match.group(3):
-        ids = ids.transpose([int(p) for p in match.group(3).split(",")])
-    return ids.reshape(-1), dims
-
-
-def _iota_groups(value: str) -> tuple[tuple[int, ...], ...]:
-    ids, dims = _iota_array(value)
-    return tuple(tuple(int(i) for i in row) for row in ids.reshape(dims[0], -1))
-
-
-def _mesh_groups(value: str) -> tuple[tuple[int, ...], ...]:
-    """`mesh['a'=4,'b'=2], device_ids=([4,2]T(1,0)) {'a'}`: the devices of XLA's
-    mesh grouped over the named axes (or sub-axes `'a':(pre)size`), as XLA's
-    `MeshAxesReplicaGroupList` does."""
-    match = _MESH.match(value)
-    if match is None:
-        raise ValueError(value)
-    names, sizes = [], []
-    for item in match.group(1).split(","):
-        name, size = item.rsplit("=", 1)
-        names.append(name.strip().strip("'"))
-        sizes.append(int(size))
-    count = math.prod(sizes)
-    devices = (
-        _iota_array(match.group(2).strip())[0] if match.group(2) else np.arange(count)
-    )
-    # Each mesh axis split into the parts that sub-axes name, in order.
-    whole: set[str] = set()
-    subs: dict[str, list[tuple[int, int]]] = {}
-    for name, pre, sub in _AXIS_REF.findall(match.group(3)):
-        if pre:
-            subs.setdefault(name, []).append((int(pre), int(sub)))
-        else:
-            whole.add(name)
-    split: list[int] = []
-    grouped: list[int] = []
-    for name, size in zip(names, sizes):
-        if name in whole or name not in subs:
-            if name in whole:
-                grouped.append(len(split))
-            split.append(size)
-            continue
-        done = 1
-        for pre, sub in sorted(subs[name]):
-            if pre != done:
-                split.append(pre // done)
-                done = pre
-            grouped.append(len(split))
-            split.append(sub)
-            done *= sub
-        if done != size:
-            split.append(size // done)
-    kept = [i for i in range(len(split)) if i not in grouped]
-    arranged = devices.reshape(split).transpose(kept + grouped)
-    per_group = math.prod(split[i] for i in grouped)
-    return tuple(tuple(int(d) for d in row) for row in arranged.reshape(-1, per_group))
-
-
-def pairs(attributes: str) -> tuple[tuple[int, int], ...]:
-    at = attributes.find("source_target_pairs=")
-    if at < 0:
-        return ()
-    value = attributes[at + len("source_target_pairs=") :]
-    inner = value[1 : _closing(value, 0)]
-    return tuple(
-        (int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", inner)
-    )
