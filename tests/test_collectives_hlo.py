@@ -12,7 +12,9 @@ import itertools
 import numpy as np
 import pytest
 
+from jaxtyping_shard._core import compat
 from jaxtyping_shard._report import collectives as _collectives, groups as _groups, hlo
+from jaxtyping_shard._report.sources import Frame, Sources
 
 from .helpers import MESHES
 
@@ -203,3 +205,61 @@ def test_bytes_each_device_receives():
     assert _collectives._moved("all-to-all", 100, 4) == 75
     assert _collectives._moved("collective-permute", 100, 4) == 100
     assert _collectives._moved("all-reduce", 100, 1) == 0
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _message(*fields) -> bytes:
+    """Protobuf wire format: `(number, int)` varints, `(number, bytes)` strings."""
+    out = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            out += _varint(number << 3) + _varint(value)
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            out += _varint(number << 3 | 2) + _varint(len(data)) + data
+    return out
+
+
+def test_stack_frames_read_from_the_serialized_module():
+    # An HloModuleProto by hand (field numbers of xla/service/hlo.proto): three
+    # instructions, with a frame id, with a frame id pointing out of the tables,
+    # and with only the inline frame JAX 0.8 writes.
+    instructions = [
+        _message((1, "a"), (7, _message((2, "jit(f)/mul"), (15, 2)))),
+        _message((1, "b"), (7, _message((15, 3)))),
+        _message((1, "c"), (7, _message((3, "/x/g.py"), (4, 7)))),
+        _message((1, "d")),
+    ]
+    computation = _message((1, "main"), *[(2, i) for i in instructions])
+    index = _message(
+        (1, "/x/f.py"),
+        (2, "outer"),
+        (2, "inner"),
+        (3, _message((1, 1), (2, 1), (3, 10))),
+        (3, _message((1, 1), (2, 2), (3, 20))),
+        (4, _message((1, 1))),
+        (4, _message((1, 2), (2, 1))),
+        (4, _message((1, 5), (2, 1))),  # location 5: not in the table
+    )
+    proto = _message((1, "m"), (3, computation), (17, index))
+    sources = Sources(proto)
+    if compat.hlo_stack_frames_usable():
+        assert sources.stack("a") == (
+            Frame("/x/f.py", "inner", 20),
+            Frame("/x/f.py", "outer", 10),
+        )
+    else:  # JAX 0.8: its ids are not read, only the inline frame
+        assert sources.stack("a") == ()
+    assert sources.stack("b") == ()
+    assert sources.stack("c") == (Frame("/x/g.py", "", 7),)
+    assert sources.stack("d") == sources.stack("nothing") == ()
+    # Only the computations asked for are read.
+    assert Sources(proto, frozenset({"other"})).stack("c") == ()

@@ -185,16 +185,20 @@ class Sources:
         # case a table ever points in a circle.
         while 0 < current <= len(self._frames) and len(out) < len(self._frames):
             entry = self._frames[current - 1]
-            try:
-                location = self._locations[entry.get(1, 0) - 1]
-                file = self._files[location.get(1, 0) - 1]
-                function = self._functions[location.get(2, 0) - 1]
-            except IndexError:  # a table XLA wrote otherwise: stop there
-                break
+            location = _item(self._locations, entry.get(1, 0))
+            file = _item(self._files, location.get(1, 0)) if location else None
+            function = _item(self._functions, location.get(2, 0)) if location else None
+            if location is None or file is None or function is None:
+                break  # a table XLA wrote otherwise: stop there
             out.append(Frame(file, function, location.get(3, 0)))
             current = entry.get(2, 0)
         stack = self._stacks[frame_id] = tuple(out)
         return stack
+
+
+def _item(table: list, one_based: int) -> Any:
+    """`table[one_based - 1]`, or None for an id out of range (0: unset)."""
+    return table[one_based - 1] if 0 < one_based <= len(table) else None
 
 
 @dataclass(frozen=True)
