@@ -2,8 +2,9 @@
 
 `python -m examples.transformer.collectives` prints the table of the FSDP + TP
 step's collectives (4x2 mesh, default config) and checks it against
-`collectives.json`; `--update` rewrites that file (the one command to run after
-a change to the program that is meant to change its collectives). The step is
+`collectives.json`; `--update` rewrites this JAX release's section of that file
+(the one command to run after a change to the program that is meant to change
+its collectives; run it under each JAX release the tests run on). The step is
 compiled for abstract arguments: nothing is initialised or run.
 """
 
