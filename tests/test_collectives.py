@@ -5,6 +5,7 @@ Nothing runs, nothing moves, and JAX's compile cache is reused.
 """
 
 import inspect
+import os
 import random
 
 import jax
@@ -322,3 +323,14 @@ def test_the_report_follows_the_rules_through_jaxs_caches(mesh):
     ]
     assert not [r for r in second.rows if r.kind == "all-gather"]
     assert str(again) == str(first)
+
+
+def test_jax_08_guesses_the_users_frame_outside_this_package():
+    # JAX 0.8's only source line per op is its guess of the user's frame: this
+    # package's files are excluded from it there, and only there (later JAX
+    # keeps every frame, ours included, to tell annotated functions).
+    from jax._src import source_info_util
+
+    package = os.path.dirname(jts.__file__) + os.sep
+    assert source_info_util.is_user_filename(package + "x.py") == FRAMES
+    assert source_info_util.is_user_filename(__file__)
