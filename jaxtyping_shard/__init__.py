@@ -44,6 +44,7 @@ from ._rules.scope import (
 )
 from ._rules.table import AxisRules as AxisRules
 from ._trees.check_tree import check_tree as check_tree
+from ._trees.leaves import TreeSummary as TreeSummary
 
 
 if _typing.TYPE_CHECKING:
@@ -141,7 +142,8 @@ __all__ = [
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
     "Logical", "Num", "PlacementError", "Real", "Shaped",
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
-    "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64", "abstract",
+    "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
+    "abstract",
     "axis_rules", "check_tree", "explain", "format_spec", "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
     "place_for", "reshard", "set_axis_rules", "set_mode", "sharded_init",

@@ -169,6 +169,22 @@ def main() -> int:
     full = jts.place(whole, Tokens, inside, global_shape=whole.shape)
     same_as_reference(full, whole, "whole array on every process")
 
+    # A fallback list resolves for the global shape the local data makes, as the
+    # check of the result does: 2 rows a process (4 in all, over `data`), or the
+    # same 3 rows on both (replicated: 3 rows do not split over `data`).
+    Batch = Int[Array, "batch seq", jts.Logical]
+    with jts.axis_rules({"batch": ["data", None], "seq": None}):
+        two = jts.place(whole[2 * process_id : 2 * process_id + 2], Batch, inside)
+        verdict(two.shape == (4, 8), f"fallback, 2 rows: {two.shape}")
+        verdict(two.sharding.spec[0] == "data", f"fallback, 2 rows: {two.sharding}")
+        verdict(isinstance(two, Batch), "fallback, 2 rows: matches its annotation")
+        same_as_reference(two, whole[:4], "fallback, 2 rows")
+        three = jts.place(whole[:3], Batch, inside, verify="checksum")
+        verdict(three.shape == (3, 8), f"fallback, 3 rows: {three.shape}")
+        verdict(three.sharding.is_fully_replicated, f"fallback: {three.sharding}")
+        verdict(isinstance(three, Batch), "fallback, 3 rows: matches its annotation")
+        same_as_reference(three, whole[:3], "fallback, 3 rows")
+
     return verdict.done()
 
 

@@ -32,7 +32,7 @@ def mesh(request):
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2)
 
 
-def test_alternating_signatures_stop_speculating(mesh, monkeypatch):
+def test_alternating_signatures_back_off(mesh, monkeypatch):
     f = annotated_jit(apply)
     m, x = args_on(mesh)
     _, big = args_on(mesh, batch=16)

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float, Int
+from jaxtyping_shard import Float, Int, Shaped
 from jaxtyping_shard._drivers.place import rows as _rows, verify as _verify
 
 
@@ -107,19 +107,23 @@ def test_place_tree_by_fields_hint_and_annotation_tree(mesh):
     assert placed.table.sharding.is_equivalent_to(NamedSharding(mesh, P()), 1)
     as_dict = {"tokens": _tokens(), "mask": np.ones((16, 8), np.bool_)}
     by_tree = jts.place(as_dict, {"tokens": Tokens, "mask": P("data")}, mesh)
-    by_hint = jts.place(as_dict, dict[str, Int[Array, "b s", P("data")]], mesh)
+    by_hint = jts.place(as_dict, dict[str, Shaped[Array, "b s", P("data")]], mesh)
     assert by_tree["mask"].sharding.spec == P("data", None)
     assert by_hint["tokens"].sharding.spec == P("data", None)
     np.testing.assert_array_equal(np.asarray(by_tree["mask"]), as_dict["mask"])
 
 
-def test_place_refuses_a_leaf_without_sharding(mesh):
+def test_place_replicates_a_leaf_without_sharding_and_strict_refuses_it(mesh):
+    # As sharded_init: a leaf that declares no sharding (here an annotation with
+    # none; an optax state's `count` in tests/test_third_party_hints.py) is
+    # placed replicated; strict=True makes it an error naming the leaf.
+    local = {"tokens": _tokens(), "mask": np.ones(3)}
+    given = {"tokens": Tokens, "mask": Float[Array, "n"]}
+    placed = jts.place(local, given, mesh)
+    assert placed["mask"].sharding.is_equivalent_to(NamedSharding(mesh, P()), 1)
+    assert placed["tokens"].sharding.spec == P("data", None)
     with pytest.raises(jts.ShardingAnnotationError, match=r"local\['mask'\] has no"):
-        jts.place(
-            {"tokens": _tokens(), "mask": np.ones(3)},
-            {"tokens": Tokens, "mask": Float[Array, "n"]},
-            mesh,
-        )
+        jts.place(local, given, mesh, strict=True)
 
 
 def test_local_size_errors_name_size_and_axes(mesh):

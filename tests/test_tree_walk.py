@@ -200,8 +200,14 @@ class Late:
 @dataclasses.dataclass
 class Unresolvable:
     x: NotDefinedAnywhere  # noqa: F821
+    w: W
 
 
-def test_unresolvable_field_annotations_are_an_error():
-    with pytest.raises(jts.ShardingAnnotationError, match="cannot be resolved"):
-        _tree.walk(Unresolvable(jnp.zeros(2)))
+def test_an_unresolvable_field_annotation_declares_nothing_and_is_named():
+    # One field that cannot be read: the other is still read, and the class is
+    # named once, in a warning (see tests/test_unread_hints.py for the class).
+    value = Unresolvable(jnp.zeros(2), jnp.zeros((4, 6)))
+    with pytest.warns(jts.ShardingWarning, match="field `x` of .*Unresolvable"):
+        leaves = _tree.walk(value)
+    assert [leaf.annotation for leaf in leaves] == [None, W]
+    assert "NotDefinedAnywhere" in leaves[0].note

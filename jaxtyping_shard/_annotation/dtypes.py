@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin, Union
 import jax
 import jaxtyping
 from jax.core import Tracer
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 # jaxtyping's `PyTree[...]` runs isinstance on leaves while it only checks the tree
 # structure; its array checks then pass without looking, and so must ours. The flag
@@ -21,14 +21,13 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_reader
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
 from .._layout.logical import is_logical, logical_layout
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
-from .._verdict import manual as _manual
+from .._verdict import inputs as _inputs, manual as _manual
 from .._verdict.check import check
 from . import typeguard as _typeguard
 
@@ -121,9 +120,10 @@ _TWIN_LIMIT = 1024
 def _physical(cls: Any, obj: Any) -> Any:
     """The physical annotation a logical one means for `obj`, here and now.
 
-    Resolved with the rules in force, `obj`'s mesh and shape (see
-    `_layout.resolve`); cached per rules table, shape and mesh, so that a new
-    table gives a new physical annotation, with verdict caches of its own.
+    Resolved with the rules in force, `obj`'s shape and mesh (as
+    `_verdict.inputs.of_value` reads them for every path); cached per rules
+    table, shape and mesh, so that a new table gives a new physical annotation,
+    with verdict caches of its own.
     """
     rules = _current_rules()
     tracer = isinstance(obj, Tracer)  # never read a tracer's `.sharding` (slow)
@@ -133,19 +133,7 @@ def _physical(cls: Any, obj: Any) -> Any:
     if not tracer and fast[0] is getattr(obj, "sharding", None) and fast[1] is rules:
         if fast[2] == obj.shape:
             return fast[3]
-    if tracer:
-        aval = jax.typeof(obj)
-        mesh = _mesh.of_aval(aval)
-        manual = mesh is not None and AxisType.Manual in mesh.axis_types
-        # Inside shard_map the shape is a local one: resolve by rank only.
-        shape: Any = len(aval.shape) if manual else tuple(aval.shape)
-    else:
-        sharding = getattr(obj, "sharding", None)
-        if type(sharding) is NamedSharding:
-            mesh = sharding.mesh
-        else:
-            mesh = _mesh.context_mesh()
-        shape = tuple(obj.shape)
+    shape, mesh = _inputs.of_value(obj)
     key = (rules, shape, mesh)
     twins = cls._jts_twins
     twin = twins.get(key)

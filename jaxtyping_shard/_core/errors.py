@@ -50,7 +50,12 @@ class CollectiveBudgetError(AssertionError):
 
 
 class ShardingWarning(UserWarning):
-    """A sharding mismatch reported in mode `"warn"`, instead of an error."""
+    """A sharding mismatch reported in mode `"warn"`, instead of an error.
+
+    Also: an annotation of the user's own that cannot be read (a name under
+    `TYPE_CHECKING`), once per function or class. `warnings.filterwarnings(
+    "error", category=jaxtyping_shard.ShardingWarning)` makes these errors.
+    """
 
 
 for _cls in (

@@ -20,6 +20,7 @@ from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
 from .._trees import hints as _hints, walk as _tree
+from .._verdict.compare import same_mesh_shape
 from .._verdict.constraints import remember
 
 
@@ -63,7 +64,9 @@ def reshard(x: Any, annotation: Any = None) -> Any:
 
     - `x`: an array, or a pytree of arrays.
     - `annotation`: a sharded annotation (logical names resolve through the rules
-        in force), a `PartitionSpec` or a `NamedSharding`: for every leaf. Or,
+        in force), a `PartitionSpec` or a `NamedSharding` (a concrete array is
+        placed on its devices, in its memory kind; a traced value, whose
+        devices `jit` fixes, is laid out by its spec): for every leaf. Or,
         for a tree, what [`jaxtyping_shard.shardings`][] takes as `annotations=`
         (a type hint, an annotation tree); omitted, the annotations of the
         tree's own fields. Leaves without a sharded annotation are left as
@@ -85,6 +88,7 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     ):
         return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
     leaves, plan = _tree.plan_for(x, annotation)
+    _tree.refuse_problems(leaves, plan, "reshard", "x")
     out = [
         leaf if not has_sharding(a) else _reshard_leaf(leaf, a)
         for leaf, a in zip(leaves, plan.annotations)
@@ -92,7 +96,9 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     return jax.tree_util.tree_unflatten(plan.treedef, out)
 
 
-def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
+def out_sharding(
+    annotation: Any, ndim: Optional[int] = None, *, shape: Optional[tuple] = None
+) -> Any:
     """What an op's `out_sharding=` should get for a result annotated so.
 
     On `Explicit` mesh axes JAX's ops need `out_sharding=` where a layout is
@@ -113,6 +119,9 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
 
     - `annotation`: as for [`jaxtyping_shard.reshard`][].
     - `ndim`: the result's rank, when the dim string does not fix it.
+    - `shape`: the result's global shape. Given, a logical annotation is
+        resolved for it (a fallback list skips a candidate that does not divide
+        a dim), as the check of the result will be; omitted, by rank only.
 
     **Returns:**
 
@@ -121,7 +130,13 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
     mesh = _mesh.context_mesh()
     if mesh is None:
         return None
-    spec = _bridge.spec_for(annotation, ndim, "out_sharding", mesh=mesh)
+    if shape is not None and ndim is not None and len(shape) != ndim:
+        raise ValueError(
+            f"out_sharding: shape {tuple(shape)} has {len(shape)} dims, not "
+            f"ndim={ndim}."
+        )
+    known = ndim if shape is None else tuple(shape)
+    spec = _bridge.spec_for(annotation, known, mesh, "out_sharding")
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if not explicit:
         return None
@@ -130,16 +145,33 @@ def out_sharding(annotation: Any, ndim: Optional[int] = None) -> Any:
 
 def _reshard_leaf(x: Any, annotation: Any) -> Any:
     if not isinstance(x, Tracer):
+        if isinstance(annotation, NamedSharding):
+            # Its own devices and memory kind, not only its spec.
+            _bridge.spec_for(annotation, tuple(x.shape), annotation.mesh, "reshard")
+            kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
+            if kind is not None and kind != annotation.memory_kind:
+                # One device_put changes the devices or the memory, not both (JAX
+                # 0.10 on CPU): the devices first, in the memory the value is in.
+                mesh, spec = annotation.mesh, annotation.spec
+                x = jax.device_put(x, NamedSharding(mesh, spec, memory_kind=kind))
+            return jax.device_put(x, annotation)
         mesh = _value_mesh(x)
-        spec = _bridge.spec_for(
-            annotation, x.ndim, "reshard", shape=tuple(x.shape), mesh=mesh
-        )
+        spec = _bridge.spec_for(annotation, tuple(x.shape), mesh, "reshard")
         return jax.device_put(x, _bridge.named_sharding(spec, mesh, annotation))
     aval = jax.typeof(x)
     mesh = _mesh.of_aval(aval)
     if mesh is None:
         raise ValueError(
             "reshard needs a mesh inside a trace: call it under `jax.set_mesh(mesh)`."
+        )
+    if isinstance(annotation, NamedSharding) and not same_mesh_shape(
+        mesh, annotation.mesh
+    ):
+        raise ShardingAnnotationError(
+            f"reshard: {_bridge.describe(annotation)} is on another mesh than the "
+            f"traced value ({_mesh.format_mesh(mesh)}); inside a trace a value is "
+            "laid out on the trace's mesh, whose devices `jit` fixes. Give the "
+            "spec, or a NamedSharding on that mesh."
         )
     manual = _mesh.names_of_type(mesh, AxisType.Manual)
     if manual:
@@ -148,9 +180,7 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
             f"{sorted(manual)}), where each device holds its own piece; lay values "
             "out outside the `shard_map` body."
         )
-    spec = _bridge.spec_for(
-        annotation, aval.ndim, "reshard", shape=tuple(aval.shape), mesh=mesh
-    )
+    spec = _bridge.spec_for(annotation, tuple(aval.shape), mesh, "reshard")
     _bridge.named_sharding(spec, mesh, annotation, "reshard")  # a missing axis
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)

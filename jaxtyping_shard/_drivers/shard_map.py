@@ -7,14 +7,15 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import jax
-from jax.sharding import PartitionSpec
+from jax.core import Tracer
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
-from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge, resolve as _resolve
+from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
+from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
-from .._rules.scope import current as _current_rules
-from .._trees import hints as _hints, walk as _tree
+from .._trees import hints as _hints, signature as _signature, walk as _tree
+from .jit.arguments import mismatch
 
 
 def _is_tree_hint(annotation: Any) -> bool:
@@ -47,11 +48,9 @@ def _annotation_of(annotation: Any, what: str, fn_name: str) -> Any:
 def _spec(
     annotation: Any, shape: Any, mesh: Any, axis_names: Optional[frozenset]
 ) -> PartitionSpec:
-    # Logical annotations resolve with the rules in force at the call.
-    entries = _resolve.resolve(
-        annotation._jts, shape, mesh, _current_rules(), annotation.__name__
-    )
-    spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    # A return's spec: logical annotations resolve with the rules in force at
+    # the call, by rank (see `_out_specs`).
+    spec = _bridge.spec_for(annotation, shape, mesh, "typed_shard_map")
     return _restrict(spec, axis_names)
 
 
@@ -123,10 +122,14 @@ def typed_shard_map(
         )
     name = getattr(fn, "__qualname__", repr(fn))
     signature = inspect.signature(fn)
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # unresolvable forward references: use what is there
-        hints = {}
+    read = _signature.read(fn)  # each hint on its own: say which cannot be read
+    if read.unread:
+        raise ShardingAnnotationError(
+            f"typed_shard_map({name}): {next(iter(read.unread.values()))}, and "
+            "shard_map needs a spec from each annotation. Make the names it uses "
+            "exist at run time (not only under `TYPE_CHECKING`)."
+        )
+    hints = read.hints
     in_annotations = []
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -164,7 +167,11 @@ def typed_shard_map(
             )
     manual = None if axis_names is None else frozenset(axis_names)
 
-    def tree_specs(value: Any, hint: Any, what: str, where: Any) -> Any:
+    def tree_specs(
+        value: Any, hint: Any, what: str, where: Any, wrong: Any = None, arg: str = ""
+    ) -> Any:
+        """Specs per leaf; with `wrong`, the misplaced committed leaves of the
+        argument `arg` are added to it, by path."""
         leaves, plan = _tree.plan_for(value, hint)
         specs = []
         for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
@@ -176,7 +183,10 @@ def typed_shard_map(
                     "replicated)."
                 )
             shape = tuple(jax.typeof(leaf).shape)
-            spec = _bridge.spec_for(annotation, len(shape), at, shape=shape, mesh=where)
+            spec = _bridge.spec_for(annotation, shape, where, at)
+            if wrong is not None:
+                at = arg + jax.tree_util.keystr(path)
+                _misplaced(leaf, spec, where, at, wrong)
             specs.append(_restrict(spec, manual))
         return jax.tree_util.tree_unflatten(plan.treedef, specs)
 
@@ -186,19 +196,34 @@ def typed_shard_map(
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         args = bound.args
-        where = mesh if mesh is not None else _mesh.context_mesh()
-        in_specs = tuple(
-            tree_specs(a, annotation.hint, f"parameter {p!r}", where)
-            if isinstance(annotation, _TreeHint)
-            else _spec(annotation, tuple(jax.typeof(a).shape), where, manual)
-            for annotation, a, p in zip(in_annotations, args, signature.parameters)
-        )
+        where = mesh if mesh is not None else _mesh.concrete_context_mesh()
+        wrong: list = []  # committed arguments shard_map would move silently
+        in_specs = []
+        for annotation, a, p in zip(in_annotations, args, signature.parameters):
+            if isinstance(annotation, _TreeHint):
+                what = f"parameter {p!r}"
+                specs = tree_specs(a, annotation.hint, what, where, wrong, p)
+                in_specs.append(specs)
+                continue
+            shape = tuple(jax.typeof(a).shape)
+            spec = _bridge.spec_for(annotation, shape, where, "typed_shard_map")
+            _misplaced(a, spec, where, p, wrong)
+            in_specs.append(_restrict(spec, manual))
+        if wrong:
+            raise ShardingTypeCheckError(
+                f"typed_shard_map({name}): {len(wrong)} argument"
+                f"{'s are' if len(wrong) > 1 else ' is'} placed otherwise than "
+                "annotated, and shard_map would move "
+                f"{'them' if len(wrong) > 1 else 'it'} silently:\n"
+                + "\n".join(f"  - {w}" for w in wrong)
+                + "\nPlace the data as annotated (`jts.place`, `jts.reshard`)."
+            )
 
         def mapped(out_specs: Any, check: bool) -> Any:
             return jax.shard_map(
                 fn,
                 mesh=mesh,
-                in_specs=in_specs,
+                in_specs=tuple(in_specs),
                 out_specs=out_specs,
                 axis_names=manual or frozenset(),
                 check_vma=check,
@@ -216,11 +241,32 @@ def typed_shard_map(
     return wrapped
 
 
+def _misplaced(
+    value: Any, spec: PartitionSpec, mesh: Any, name: str, wrong: list
+) -> None:
+    """Adds to `wrong` a committed array whose sharding is not `spec` on the
+    mesh (`is_equivalent_to`, devices included). On Auto axes shard_map would
+    reshard it without a word; on Explicit ones JAX's error does not name it.
+    Traced values are laid out by the trace (their checks are the body's)."""
+    if isinstance(value, Tracer) or not isinstance(value, jax.Array):
+        return
+    if not isinstance(mesh, jax.sharding.Mesh):  # no devices known: its own
+        mesh = getattr(value.sharding, "mesh", None)
+    if not value.committed or not isinstance(mesh, jax.sharding.Mesh):
+        return
+    target = NamedSharding(mesh, spec)
+    if not value.sharding.is_equivalent_to(target, value.ndim):
+        wrong.append(mismatch(name, value, target))
+
+
 def _out_specs(outs: Any, mesh: Any, manual: Optional[frozenset]) -> Any:
-    # Output shapes are not known before the call: resolved by rank.
+    # The global shape of a result is its local shape times the out_spec's axes,
+    # so it cannot choose among fallback candidates: resolved by rank, as a check
+    # inside the body resolves a value that is not an argument (`None`: the rank
+    # the dim string fixes; a variadic return was refused when decorated).
     if isinstance(outs, tuple):
-        return tuple(_spec(out, out._jts.min_rank, mesh, manual) for out in outs)
-    return _spec(outs, outs._jts.min_rank, mesh, manual)
+        return tuple(_spec(out, None, mesh, manual) for out in outs)
+    return _spec(outs, None, mesh, manual)
 
 
 class _TreeHint:

@@ -74,6 +74,7 @@ def shardings(
     the leaf), or field annotations that cannot be resolved.
     """
     leaves, plan = _tree.plan_for(tree, annotations, rules)
+    _tree.refuse_problems(leaves, plan, "shardings")
     if mesh is None and any(
         has_sharding(a) and not isinstance(a, NamedSharding) for a in plan.annotations
     ):
@@ -95,5 +96,5 @@ def sharding_for_leaf(
         return annotation
     where = "tree" + jax.tree_util.keystr(path)
     shape = tuple(getattr(leaf, "shape", ()))
-    spec = _bridge.spec_for(annotation, len(shape), where, shape=shape, mesh=mesh)
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)

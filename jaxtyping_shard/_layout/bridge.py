@@ -82,28 +82,28 @@ def fixed_rank(annotation: Any) -> Optional[int]:
 
 def spec_for(
     annotation: Any,
-    ndim: Optional[int],
+    shape: Union[tuple, int, None],
+    mesh: Any,
     where: str = "",
-    *,
-    shape: Optional[tuple] = None,
-    mesh: Any = None,
 ) -> PartitionSpec:
-    """The annotation's spec for an array of rank `ndim`, one entry per dim.
+    """The annotation's spec for one array, one entry per dim: THE path from an
+    annotation to a spec, every caller's (checks resolve through the same
+    `resolve.resolve`, with the inputs `_verdict.inputs.of_value` reads off a value).
 
-    `ndim=None` is allowed when the rank is known from the annotation (a dim
-    string without a variadic dim) or does not matter (nothing is sharded after a
-    variadic dim; the spec then covers the leading dims only).
-
-    A logical annotation is resolved here (`resolve.resolve`) with the rules in
-    force, against `mesh` when given (its axes and sizes) and `shape` when given
-    (fallback lists skip candidates that do not divide a dim; without a shape
-    they are chosen by rank only).
+    - `shape`: the array's global shape when it is known (a tuple: a logical
+        annotation's fallback lists skip candidates that do not divide a dim);
+        its rank when only that is (an int: inside `shard_map`, where only local
+        shapes are; `spec_of`); `None`: the rank the dim string fixes (or, when
+        nothing is sharded after a variadic dim, the leading dims only).
+    - `mesh`: the mesh the array is (or will be) on, its axes and sizes checked
+        against the rules in force; `None` when not known.
     """
     if isinstance(annotation, NamedSharding):
         annotation = annotation.spec
     layout = layout_of(annotation, where)
     fixed = None if isinstance(annotation, PartitionSpec) else fixed_rank(annotation)
     prefix = f"{where}: " if where else ""
+    ndim = len(shape) if isinstance(shape, tuple) else shape
     if ndim is not None:
         if not isinstance(ndim, int) or ndim < 0:
             raise ValueError(f"{prefix}ndim must be a non-negative int, not {ndim!r}.")
@@ -128,12 +128,22 @@ def spec_for(
         pad_to = len(layout.entries(ndim)) if isinstance(layout, _spec.Layout) else 0
     else:
         pad_to = ndim
-    if shape is not None and len(shape) != ndim:
-        shape = None
+    known = shape if isinstance(shape, tuple) else ndim
     label = f"{where}: {describe(annotation)}" if where else describe(annotation)
-    entries = _resolve.resolve(layout, shape or ndim, mesh, _current_rules(), label)
+    entries = _resolve.resolve(layout, known, mesh, _current_rules(), label)
     entries = entries + ((),) * (pad_to - len(entries))
     return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+
+
+def needs_shape(annotation: Any) -> bool:
+    """Whether the annotation's spec may depend on the array's sizes under the
+    rules in force (a logical annotation and a fallback list, or
+    `conflicts="fallback"`): where not, a spec by rank is the spec."""
+    try:
+        layout = layout_of(annotation)
+    except ShardingAnnotationError:
+        return False
+    return _resolve.depends_on_shape(layout, _current_rules())
 
 
 def spec_of(annotation: Any, ndim: Optional[int] = None) -> PartitionSpec:
@@ -171,7 +181,7 @@ def spec_of(annotation: Any, ndim: Optional[int] = None) -> PartitionSpec:
     sharding, when `ndim` is needed and missing, or when `ndim` contradicts the
     dim string.
     """
-    return spec_for(annotation, ndim, "spec_of")
+    return spec_for(annotation, ndim, None, "spec_of")
 
 
 def sharding_of(
@@ -218,7 +228,7 @@ def sharding_of(
         return annotation
     if isinstance(layout_of(annotation, "sharding_of"), LogicalLayout):
         mesh = resolve_mesh(mesh, "sharding_of")  # the rules are checked against it
-    spec = spec_for(annotation, ndim, "sharding_of", mesh=mesh)
+    spec = spec_for(annotation, ndim, mesh, "sharding_of")
     return named_sharding(spec, mesh, annotation)
 
 

@@ -54,6 +54,22 @@ def resolve(
     return _resolve(layout, shape, axes, rules, where)
 
 
+def depends_on_shape(
+    layout: Union[LogicalLayout, _spec.Layout], rules: Optional[AxisRules]
+) -> bool:
+    """Whether `resolve` may give another answer with the shape than with the
+    rank alone: a logical layout under rules that test divisibility (a name with
+    several candidates, or `conflicts="fallback"`)."""
+    if not isinstance(layout, LogicalLayout) or rules is None:
+        return False
+    if rules.conflicts == "fallback":
+        return True
+    if rules.linen:
+        return False  # Linen pairs test divisibility only under "fallback"
+    names = layout.prefix + layout.suffix
+    return any(len(rules.candidates(n) or ()) > 1 for n in names if n is not None)
+
+
 def physical_layout(
     layout: LogicalLayout,
     shape: Shape,

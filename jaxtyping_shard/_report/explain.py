@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge, resolve as _resolve, spec as _spec
+from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding, is_variadic, LogicalLayout, sharded_members
 from .._rules import scope as _rules
 from .._trees import paths as _paths, walk as _tree
@@ -168,7 +168,7 @@ def _row(
         dims = member.dim_str
         fixed = len(member.dims) if member.index_variadic is None else None
     else:
-        dims = _spec.format_spec(_bridge.spec_for(annotation, None, where))
+        dims = _spec.format_spec(_bridge.spec_for(annotation, None, None, where))
         fixed = None
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -184,7 +184,7 @@ def _row(
     ndim = len(inner) if inner is not None else fixed
     if ndim is None:
         ndim = layout.min_rank
-    entries = _resolve.resolve(layout, inner or ndim, mesh, _rules.current(), where)
+    entries = _spec.entries_of(_bridge.spec_for(annotation, inner or ndim, mesh, where))
     entries = tuple(_entry(e) for e in lead) + entries + ((),) * (ndim - len(entries))
     _check_axes(entries, mesh, annotation, where)
     spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
@@ -341,6 +341,8 @@ def explain(
         where = _bridge.describe(annotation_or_tree)
         rows.append(_row("-", annotation_or_tree, None, mesh, sizes, where))
     else:
+        values, plan = _tree.plan_for(annotation_or_tree, annotations, rules)
+        _tree.refuse_problems(values, plan, "explain")
         leaves = _tree.walk(annotation_or_tree, annotations, rules)
         leads = stacked_prefixes(tuple(x.path for x in leaves), stacked)
         for leaf, lead in zip(leaves, leads):

@@ -1,30 +1,26 @@
 """`check_tree`: every leaf of a tree against its annotation, one error for all."""
 
 from collections.abc import Mapping
-from typing import Any, Optional, TypeVar
+from typing import Any, Literal, Optional, overload, TypeVar
 
 import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-# jaxtyping binds dim names in the memo of the innermost `jaxtyped` call. A tree's
-# leaves are checked each on its own (a `list[Block]` may hold blocks of different
-# widths), so the memo stack is hidden while they are: read in this one place.
-from jaxtyping._storage import _shape_storage
-
-from .._core import mesh as _mesh, site as _site
-from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, spec as _spec
-from .._layout.spec import has_sharding, sharded_members
-from .._verdict.check import spec_check
-from .._verdict.compare import FIX
-from . import paths as _paths, walk as _tree
+from .._layout.spec import has_sharding
+from .._verdict.inputs import of_value
+from .._verdict.spec_check import sharding_check, spec_check
+from . import leaves as _leaves, paths as _paths, walk as _tree
 from .stacked import stacked_prefixes
 
 
 T = TypeVar("T")
 
 
+@overload
 def check_tree(
     tree: T,
     annotations: Any = None,
@@ -33,7 +29,36 @@ def check_tree(
     like: Any = None,
     stacked: Optional[Mapping[str, Any]] = None,
     name: str = "tree",
-) -> T:
+    strict: bool = False,
+    summary: Literal[False] = False,
+) -> T: ...
+
+
+@overload
+def check_tree(
+    tree: Any,
+    annotations: Any = None,
+    *,
+    rules: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
+    stacked: Optional[Mapping[str, Any]] = None,
+    name: str = "tree",
+    strict: bool = False,
+    summary: Literal[True],
+) -> _leaves.TreeSummary: ...
+
+
+def check_tree(
+    tree: Any,
+    annotations: Any = None,
+    *,
+    rules: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
+    stacked: Optional[Mapping[str, Any]] = None,
+    name: str = "tree",
+    strict: bool = False,
+    summary: bool = False,
+) -> Any:
     """Checks every leaf of a tree against its annotation; one error lists all.
 
     !!! Example
@@ -88,15 +113,28 @@ def check_tree(
         their annotation's) and rank, not for dim names. With `like`, the
         pattern applies to `like`'s leaves, whose annotations describe one layer.
     - `name`: how the tree is named in messages: `params['layers'][0]['w_in']`.
+    - `strict`: `True`: every array leaf must declare a sharding; each that does
+        not (no annotation, one without a sharding, or under a hint that cannot
+        be read) is a failure, named by key path.
+    - `summary`: `True`: return a [`jaxtyping_shard.TreeSummary`][] (how many
+        leaves were checked, which array leaves declare no sharding) instead of
+        the tree.
 
     **Returns:**
 
-    `tree`, unchanged.
+    `tree`, unchanged (so `x = check_tree(x)` works); with `summary=True`, a
+    [`jaxtyping_shard.TreeSummary`][] (`.tree` is the tree).
 
     **Raises:**
 
     [`jaxtyping_shard.ShardingTypeCheckError`][] listing every mismatched leaf by
-    key path, with expected and actual in JAX's notation and the mesh;
+    key path, with expected and actual in JAX's notation and the mesh, every
+    node whose type hint does not fit it (a `tuple[A, B]` holding three
+    elements, a dict missing a required key of its `TypedDict`), every
+    dataclass JAX sees as one leaf because it is not registered as a pytree
+    (its arrays would go unchecked), and with `strict=True` every array leaf
+    that declares no sharding. Its first line counts the checked and the
+    unannotated leaves; `error.summary` is the `TreeSummary`.
     [`jaxtyping_shard.ShardingAnnotationError`][] for malformed annotations or
     rules.
     """
@@ -110,10 +148,21 @@ def check_tree(
         checkers = checkers_of(plan)
         if stacked:
             checkers = _stacked_checkers(leaves, plan, checkers, stacked, name)
-    failures = leaf_failures(leaves, plan.paths, checkers, name)
-    if failures:
-        total = sum(c is not None for c in checkers)
-        raise error(f"check_tree({name})", failures, total)
+    counts = _leaves.Counts()
+    counts.add(name, leaves, plan, checkers)
+    failures = _leaves.leaf_failures(leaves, plan.paths, checkers, name)
+    structure = [
+        (_paths.path_name(name, path), reason)
+        for path, reason in _tree.problems(leaves, plan)
+    ]
+    if failures or structure or (strict and counts.unannotated):
+        found = _leaves.error(
+            f"check_tree({name})", failures, counts, structure, strict
+        )
+        found.summary = counts.summary(tree)  # type: ignore[attr-defined]
+        raise found
+    if summary:
+        return counts.summary(tree)
     return tree
 
 
@@ -129,7 +178,7 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
         if sharded_only and not has_sharding(annotation):
             out.append(None)
         elif isinstance(annotation, NamedSharding):
-            out.append(spec_check(annotation.spec))
+            out.append(sharding_check(annotation))  # its devices too
         elif isinstance(annotation, PartitionSpec):
             out.append(spec_check(annotation))
         else:
@@ -137,117 +186,6 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
     checkers = tuple(out)
     plan.cache[key] = checkers
     return checkers
-
-
-def leaf_failures(
-    leaves: list,
-    paths: tuple,
-    checkers: tuple,
-    name: str,
-    function: Optional[str] = None,
-    is_return: bool = False,
-    name_sites: bool = True,
-) -> list:
-    """`[(path name, reason), ...]` for the leaves that fail their checkers.
-
-    `name_sites=False` leaves compile-time checks to find their own site (under
-    `jaxtyped`, the parameter and the key path inside it).
-    """
-    failures = []
-    hidden = getattr(_shape_storage, "memo_stack", None)
-    if hidden:
-        _shape_storage.memo_stack = []
-    try:
-        for leaf, checker, path in zip(leaves, checkers, paths):
-            if checker is None:
-                continue
-            if type(checker) is _Missing:
-                reason = checker.reason
-            elif isinstance(leaf, Tracer) and not name_sites:
-                reason = _reason(checker, leaf)
-            elif isinstance(leaf, Tracer):
-                # Compile-time (Auto) checks name the leaf by its key path.
-                argument = None if is_return else name
-                keys = jax.tree_util.keystr(path)
-                with _site.naming(function, argument, is_return, keys):
-                    reason = _reason(checker, leaf)
-            elif isinstance(leaf, jax.ShapeDtypeStruct):
-                reason = _reason(checker, leaf, _abstract_reason)
-            elif isinstance(leaf, checker):
-                continue
-            else:
-                reason = _reason(checker, leaf)
-            if reason:
-                failures.append((_paths.path_name(name, path), reason))
-    finally:
-        if hidden:
-            _shape_storage.memo_stack = hidden
-    return failures
-
-
-def _reason(checker: Any, leaf: Any, one: Any = None) -> str:
-    """Why `leaf` fails `checker` ("" if it passes): `one(annotation, leaf)`,
-    by default the annotation's own `__instancecheck_str__`; a union passes if
-    one of its members does."""
-    check = one or (lambda annotation, value: annotation.__instancecheck_str__(value))
-    members = sharded_members(checker) if not hasattr(checker, "_jts") else ()
-    if members:
-        reasons = [check(m, leaf) for m in members]
-        return "" if "" in reasons else reasons[0]
-    return check(checker, leaf)
-
-
-def _abstract_reason(checker: Any, leaf: jax.ShapeDtypeStruct) -> str:
-    """A `jax.ShapeDtypeStruct` (what `abstract` and `jax.eval_shape` give, what a
-    checkpoint is restored into) against one annotation (see `_reason` for
-    unions): its dtype and shape as jaxtyping checks an array's, then its
-    `sharding` as a concrete array's."""
-    dtype, dims = getattr(checker, "dtype", None), getattr(checker, "dim_str", None)
-    if dtype is None or dims is None:  # not an array annotation
-        return _reason(checker, leaf)
-    twin = _abstract_twins.get(checker)
-    if twin is None:
-        twin = _abstract_twins[checker] = dtype[jax.ShapeDtypeStruct, dims]
-    message = type(twin).__instancecheck_str__(twin, leaf)
-    if message or not has_sharding(checker):
-        return message
-    if leaf.sharding is None:
-        hint = getattr(getattr(checker, "_jts", None), "text", None) or checker.__name__
-        shown = _spec.format_array(leaf.dtype, leaf.shape, ())
-        return (
-            f"this `jax.ShapeDtypeStruct` ({shown}) has no sharding, and its type "
-            f"hint {hint} asks for one. Give it `sharding=` (`jts.abstract` does), "
-            "or check the arrays themselves."
-        )
-    return checker._jts_sharding_str(leaf)  # the sharding part of the check
-
-
-# Per annotation, jaxtyping's dtype-and-dims check of a `jax.ShapeDtypeStruct`.
-_abstract_twins: dict = {}
-
-
-def error(what: str, failures: list, total: int) -> ShardingTypeCheckError:
-    """One error for all the failed leaves, the fix said once."""
-    lines = []
-    fix = ""
-    for path, reason in failures:
-        if reason.endswith(FIX):
-            reason = reason[: -len(FIX)].rstrip()
-            fix = FIX
-        lines.append(f"  {path}: {reason}")
-    count = len(failures)
-    head = (
-        f"{what}: {count} of {total} checked leaves do not match their annotation"
-        f"{'s' if count > 1 else ''}:"
-    )
-    return ShardingTypeCheckError("\n".join([head, *lines, *([fix] if fix else [])]))
-
-
-class _Missing:
-    """A leaf of `tree` with no counterpart in `like`: always a failure."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 def _stacked_checkers(
@@ -267,7 +205,7 @@ def _stacked_checkers(
 def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
     shape = tuple(getattr(leaf, "shape", ()))
     if len(shape) < len(lead):
-        return _Missing(
+        return _leaves.Missing(
             f"rank {len(shape)}: fewer dims than its {len(lead)} declared stacked"
         )
     spec = _stacked_spec(leaf, annotation, lead, where)
@@ -279,7 +217,7 @@ def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partit
     rest = shape[len(lead) :]
     if not has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
-    spec = _resolved_spec(leaf, annotation, rest, where)
+    spec = _resolved_spec(leaf, annotation, len(lead), where)
     entries = tuple(spec) + (None,) * (len(rest) - len(spec))
     return PartitionSpec(*lead, *entries)
 
@@ -298,7 +236,7 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
         found = by_path.get(tuple(map(_paths.key_id, path)))
         if found is None:
             out.append(
-                _Missing(
+                _leaves.Missing(
                     f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
                     f"structure differs: {like_plan.treedef})"
                 )
@@ -308,30 +246,42 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
         if lead and has_sharding(annotation):
             where = "like" + jax.tree_util.keystr(like_path)
             spec = _stacked_spec(leaf, annotation, lead, where)
-            out.append(spec_check(spec))
         else:
-            out.append(spec_check(_like_spec(leaf, annotation, like_path)))
+            spec = _like_spec(leaf, annotation, like_path)
+        out.append(_like_check(leaf, spec))
     return tuple(out)
 
 
-def _resolved_spec(
-    leaf: Any, annotation: Any, dims: tuple, where: str
-) -> PartitionSpec:
-    """A sharded annotation's spec for `dims` (the leaf's shape after any stacked
-    dims), resolved as a check of that leaf would: with the shape (fallback lists
-    skip candidates that do not divide) and the leaf's mesh; inside shard_map the
-    shape is a local one, so by rank only."""
-    mesh = _leaf_mesh(leaf)
-    manual = mesh is not None and AxisType.Manual in mesh.axis_types
-    known = None if manual and isinstance(leaf, Tracer) else dims
-    return _bridge.spec_for(annotation, len(dims), where, shape=known, mesh=mesh)
+def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
+    """What a leaf of `tree` must match: `spec` on the devices (and in the memory)
+    of a concrete `like` leaf, compared with `is_equivalent_to`; on the value's
+    own mesh for a traced or abstract one, which knows no devices."""
+    sharding = None if isinstance(leaf, Tracer) else getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        if isinstance(sharding.mesh, jax.sharding.Mesh):
+            target = NamedSharding(
+                sharding.mesh, spec, memory_kind=sharding.memory_kind
+            )
+            return sharding_check(target)
+    elif sharding is not None and len(sharding.device_set) == 1:
+        if not _spec.axes_of(_spec.entries_of(spec)):
+            return sharding_check(sharding, spec)  # on one device: that one
+    return spec_check(spec)
+
+
+def _resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
+    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
+    its shape, or inside shard_map its rank, and its mesh)."""
+    shape, mesh = of_value(leaf)
+    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
+    return _bridge.spec_for(annotation, dims, mesh, where)
 
 
 def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
-    shape = tuple(getattr(leaf, "shape", ()))
     where = "like" + jax.tree_util.keystr(path)
     if has_sharding(annotation):
-        return _resolved_spec(leaf, annotation, shape, where)
+        return _resolved_spec(leaf, annotation, 0, where)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)
@@ -360,11 +310,3 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
         f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
         "mesh axes to compare with. Place it with a NamedSharding."
     )
-
-
-def _leaf_mesh(leaf: Any) -> Any:
-    """The mesh a leaf of `like` lives on: its own, its type's, or the context's."""
-    if isinstance(leaf, Tracer):
-        return _mesh.of_aval(jax.typeof(leaf))
-    mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-    return mesh if mesh is not None and not mesh.empty else _mesh.context_mesh()

@@ -13,7 +13,13 @@ from typing import Any
 
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import current_mode
-from . import check_tree as _check_tree, walk as _tree
+from . import (
+    check_tree as _check_tree,
+    hints as _hints,
+    leaves as _leaves,
+    paths as _paths,
+    walk as _tree,
+)
 
 
 class _MetaTree(type):
@@ -24,6 +30,8 @@ class _MetaTree(type):
         if cls._jts_hint is not None:
             raise ShardingAnnotationError(f"{cls.__name__} is already subscripted.")
         origin = typing.get_origin(hint) or hint
+        if _hints.is_typeddict(origin):
+            origin = dict  # a TypedDict's values are dicts; it refuses `isinstance`
         if not isinstance(origin, type):
             raise ShardingAnnotationError(
                 f"Tree[...] takes a class or a generic alias such as `Mlp` or "
@@ -53,14 +61,23 @@ class _MetaTree(type):
             return ""
         leaves, plan = _tree.plan_for(obj, cls._jts_hint)
         checkers = _check_tree.checkers_of(plan)
-        failures = _check_tree.leaf_failures(
+        structure = [
+            f"`{_paths.path_name('', path)}`: {reason}"
+            for path, reason in _tree.problems(leaves, plan)
+        ]
+        failures = _leaves.leaf_failures(
             leaves, plan.paths, checkers, "", name_sites=False
         )
-        if not failures:
-            return ""
-        total = sum(c is not None for c in checkers)
-        listed = "; ".join(f"`{path}`: {reason}" for path, reason in failures)
-        return f"{len(failures)} of its {total} checked leaves do not match: {listed}"
+        parts = []
+        if structure:
+            parts.append(f"its type hint does not fit it: {'; '.join(structure)}")
+        if failures:
+            total = sum(c is not None for c in checkers)
+            listed = "; ".join(f"`{path}`: {reason}" for path, reason in failures)
+            parts.append(
+                f"{len(failures)} of its {total} checked leaves do not match: {listed}"
+            )
+        return "; ".join(parts)
 
     def __repr__(cls) -> str:
         return f"jaxtyping_shard.{cls.__name__}"

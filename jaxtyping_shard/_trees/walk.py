@@ -25,7 +25,14 @@ Interface (reuse it unchanged):
   Plans are cached by (tree structure, annotations, rules); a warm call costs a
   `tree_flatten` and a dict look-up. `plan.cache` is a dict where consumers
   keep what they derive from a plan (per-leaf checkers, say), under their own
-  key, so that it too is computed once per structure.
+  key, so that it too is computed once per structure. `plan.notes[i]` says why
+  leaf `i` has no annotation when a hint above it could not be read;
+  `plan.problems` lists the nodes a hint does not fit (a `tuple[A, B]` of
+  another length, a dict and its `TypedDict`'s keys), by key path.
+- `problems(leaves, plan)`: those, and the leaves that hide arrays from every
+  walk (dataclasses not registered as pytrees), computed per call (the plan's
+  key cannot tell them from arrays); `refuse_problems` raises them for the
+  functions that lay a tree out.
 - `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
 - `paths.path_name(name, path)`: how a leaf is named in messages
   (`model.blocks[1].mlp.w_in`).
@@ -37,9 +44,10 @@ Which annotation applies to a leaf, from strongest to weakest: a rule that
 matches its path; the nearest enclosing entry of the annotation tree (a
 sharding there covers its whole subtree); type hints on the way down (the
 parameter's hint, `list[T]` gives `T` to each element, `dict[K, V]` gives `V`,
-`tuple[A, B]` by position, jaxtyping's `PyTree[T]` gives `T` to every leaf);
-field annotations of dataclasses, Equinox modules and NamedTuples, read with
-`typing.get_type_hints` from the value's own class.
+`tuple[A, B]` by position, a `TypedDict` by key, jaxtyping's `PyTree[T]` gives
+`T` to every leaf); field annotations of dataclasses, Equinox modules and
+NamedTuples, read one at a time from the value's own class (`reading`: one that
+cannot be read declares nothing).
 
 Rule patterns are matched against the leaf's path written with `/` between
 keys (`blocks/1/mlp/weight`); see `paths`.
@@ -48,33 +56,22 @@ keys (`blocks/1/mlp/weight`); see `paths`.
 import collections.abc
 import dataclasses
 import threading
-import typing
 from typing import Any, NamedTuple, Optional
 
 import jax
 from jax.sharding import PartitionSpec
-from jax.tree_util import GetAttrKey
 
 from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
-from . import hints as _hints, paths as _paths
-
-
-_SEQUENCES = (list, collections.abc.Sequence, collections.abc.MutableSequence)
-_MAPPINGS = (
-    dict,
-    collections.abc.Mapping,
-    collections.abc.MutableMapping,
-    collections.OrderedDict,
-    collections.defaultdict,
-)
+from . import hints as _hints, paths as _paths, reading as _reading
 
 
 class Leaf(NamedTuple):
     path: tuple  # JAX key path
     value: Any
     annotation: Any  # see `leaf_annotation`; None if nothing applies
+    note: Optional[str] = None  # why nothing applies: a hint that cannot be read
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -82,9 +79,24 @@ class Plan:
     treedef: Any
     paths: tuple
     annotations: tuple
+    # Per leaf, `None` or why no annotation applies (a hint above it that cannot
+    # be read, see `reading`).
+    notes: tuple = ()
+    # `(key path, reason)` for each node whose hint does not fit it (a tuple of
+    # another length, a TypedDict's keys): what the walk could not apply.
+    problems: tuple = ()
     # For consumers to keep what they derive from the plan (per-leaf checkers,
     # shardings), under a key of their own.
     cache: dict = dataclasses.field(default_factory=dict)
+
+
+class _Walk:
+    """What one walk collects: `(path, leaf, annotation, note)` per leaf, and the
+    nodes its hints do not fit."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.problems: list = []
 
 
 def _children(node: Any) -> Optional[list]:
@@ -103,42 +115,14 @@ class _Prefix(NamedTuple):
     node: Any
 
 
-def _is_array_hint(hint: Any) -> bool:
-    return _hints.leaf_annotation(hint) is not None
-
-
-def _child_hints(node: Any, kids: list, hint: Any, where: tuple) -> list:
+def _child_hints(node: Any, kids: list, hint: Any, where: tuple, walk: _Walk) -> list:
     """One hint per child of `node`, given the hint for `node` itself."""
     if isinstance(hint, _Prefix):
         if _hints.is_annotation_leaf(hint.node):
             hint = hint.node  # None here means: nothing given, fields apply
         else:
             return _match_prefix(node, kids, hint.node, where)
-    hint = _hints.strip(hint)
-    if isinstance(hint, _hints.PyTreeMeta) or _is_array_hint(hint):
-        return [hint] * len(kids)  # applies to every leaf below
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is tuple and args:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return [args[0]] * len(kids)
-        if len(args) == len(kids):
-            return list(args)
-    elif origin in _SEQUENCES and args:
-        return [args[0]] * len(kids)
-    elif origin in _MAPPINGS and len(args) == 2:
-        return [args[1]] * len(kids)
-    elif origin in _hints.UNION_TYPES:
-        for member in typing.get_args(hint):
-            cls = typing.get_origin(member) or member
-            if isinstance(cls, type) and isinstance(node, cls):
-                return _child_hints(node, kids, member, where)
-    return _field_child_hints(node, kids)
-
-
-def _field_child_hints(node: Any, kids: list) -> list:
-    hints = _hints.field_hints(type(node)) if kids else {}
-    return [hints.get(k.name) if isinstance(k, GetAttrKey) else None for k, _ in kids]
+    return _hints.child_hints(node, kids, hint, where, walk.problems)
 
 
 def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
@@ -147,7 +131,7 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
         return [ann] * len(kids)
     by_key = {_paths.key_id(k): child for k, child in ann_kids}
     out = []
-    for (key, _), field_hint in zip(kids, _field_child_hints(node, kids)):
+    for (key, _), field_hint in zip(kids, _hints.field_child_hints(node, kids)):
         try:
             given = by_key.pop(_paths.key_id(key))
             # `None`: nothing given here, the field's own annotation applies.
@@ -171,7 +155,9 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
     return out
 
 
-def _visit(node: Any, path: tuple, hint: Any, out: list) -> None:
+def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
+    if isinstance(hint, _reading.Unread):
+        hint, note = None, str(hint)  # declares nothing; says why below it
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
@@ -183,11 +169,13 @@ def _visit(node: Any, path: tuple, hint: Any, out: list) -> None:
                 )
             hint = hint.node
         annotation = _checked_leaf(_hints.leaf_annotation(hint), path)
-        out.append((path, node, annotation))
+        walk.items.append((path, node, annotation, note))
         return
-    for (key, child), child_hint in zip(kids, _child_hints(node, kids, hint, path)):
+    for (key, child), child_hint in zip(
+        kids, _child_hints(node, kids, hint, path, walk)
+    ):
         if child is not None:
-            _visit(child, (*path, key), child_hint, out)
+            _visit(child, (*path, key), child_hint, walk, note)
 
 
 def _checked_leaf(annotation: Any, path: tuple) -> Any:
@@ -220,8 +208,9 @@ def _rules_key(rules: Any) -> Any:
     return id(rules)  # refused by _apply_rules
 
 
-def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> list:
-    """The walk itself, uncached: `[(path, leaf, annotation), ...]`."""
+def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> _Walk:
+    """The walk itself, uncached: `.items` (`[(path, leaf, annotation, note),
+    ...]`) and `.problems`."""
     if annotations is not None:
         if _hints.is_annotation_leaf(annotations):
             _hints.validate_given(annotations, "annotations")
@@ -229,11 +218,11 @@ def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> list:
         hint = annotations if leaf else _Prefix(annotations)
     else:
         hint = None
-    items: list = []
-    _visit(tree, (), hint, items)
+    walk = _Walk()
+    _visit(tree, (), hint, walk, None)
     if rules is not None:
-        items = apply_rules(items, rules)
-    return items
+        walk.items = apply_rules(walk.items, rules)
+    return walk
 
 
 def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
@@ -245,11 +234,16 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
     except (TypeError, ValueError):  # unhashable aux data or annotations
         key, plan = None, None
     if plan is None:
-        items = make_plan(tree, annotations, rules)
+        walk = make_plan(tree, annotations, rules)
+        items = walk.items
         if len(items) != len(leaves):  # pragma: no cover - a walk bug
             raise AssertionError("tree walk and tree_flatten disagree")
         plan = Plan(
-            treedef, tuple(p for p, _, _ in items), tuple(a for _, _, a in items)
+            treedef,
+            tuple(x[0] for x in items),
+            tuple(x[2] for x in items),
+            tuple(x[3] for x in items),
+            tuple(walk.problems),
         )
         if key is not None:
             with _plans_lock:
@@ -260,9 +254,86 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
 
 
 def walk(tree: Any, annotations: Any = None, rules: Any = None) -> list:
-    """Every leaf of `tree` as `Leaf(path, value, annotation)`, in flatten order."""
+    """Every leaf of `tree` as `Leaf(path, value, annotation, note)`, in flatten
+    order."""
     leaves, plan = plan_for(tree, annotations, rules)
-    return [Leaf(*x) for x in zip(plan.paths, leaves, plan.annotations)]
+    return [Leaf(*x) for x in zip(plan.paths, leaves, plan.annotations, plan.notes)]
+
+
+def problems(leaves: list, plan: Plan) -> list:
+    """`[(key path, reason), ...]`: the nodes the hints do not fit (`plan.problems`)
+    and the leaves that hide arrays from the walk (`opaque`)."""
+    return [*plan.problems, *opaque(leaves, plan.paths)]
+
+
+def refuse_problems(leaves: list, plan: Plan, what: str, name: str = "tree") -> None:
+    """Raises one `ShardingAnnotationError` listing `problems`, if any: for the
+    functions that lay a tree out (`shardings`, `place`, ...), which cannot lay
+    out what the walk could not read."""
+    found = problems(leaves, plan)
+    if found:
+        lines = [
+            f"  {_paths.path_name(name, path)}: {reason}" for path, reason in found
+        ]
+        raise ShardingAnnotationError(
+            f"{what}: {len(found)} part{'s' if len(found) > 1 else ''} of the tree "
+            f"do{'' if len(found) > 1 else 'es'} not fit its type hints, so no layout "
+            "is read there:\n" + "\n".join(lines)
+        )
+
+
+def opaque(leaves: list, paths: tuple) -> list:
+    """`[(key path, reason), ...]` for leaves that are dataclasses JAX does not
+    flatten (not registered as pytrees) holding arrays: one leaf to every function
+    that walks trees, whose arrays none can see. Per call: the plan's key (the
+    tree's structure) cannot tell such a leaf from an array."""
+    out: list = []
+    if not any(map(_is_dataclass_type, set(map(type, leaves)))):
+        return out  # the common case, a few types: no per-leaf work in Python
+    for leaf, path in zip(leaves, paths):
+        if _is_dataclass_type(type(leaf)):
+            held = _arrays_in(leaf, 0)
+            if held:
+                out.append((path, _opaque_reason(leaf, held)))
+    return out
+
+
+def _is_dataclass_type(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) and not issubclass(cls, type)
+
+
+def _arrays_in(obj: Any, depth: int) -> list:
+    """The names of the fields of an unregistered dataclass that hold arrays."""
+    names = []
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name, None)
+        inner = jax.tree_util.tree_leaves(value)
+        if any(_is_array(x) for x in inner) or (
+            depth < 4
+            and any(
+                dataclasses.is_dataclass(x)
+                and not isinstance(x, type)
+                and _arrays_in(x, depth + 1)
+                for x in inner
+            )
+        ):
+            names.append(field.name)
+    return names
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+
+
+def _opaque_reason(leaf: Any, fields: list) -> str:
+    cls = type(leaf)
+    return (
+        f"a `{cls.__module__}.{cls.__qualname__}`, a dataclass that is not registered "
+        "as a pytree, so JAX (and this check) sees it as one leaf and never its "
+        f"array fields ({', '.join(fields)}). Register it: "
+        "`@jax.tree_util.register_dataclass` above `@dataclasses.dataclass` (or "
+        "make it an `equinox.Module`)"
+    )
 
 
 def apply_rules(items: list, rules: Any) -> list:
@@ -277,7 +348,7 @@ def apply_rules(items: list, rules: Any) -> list:
         compiled.append((pattern, _paths.compile_pattern(pattern), value))
     used = {pattern: 0 for pattern, _, _ in compiled}
     out = []
-    for path, leaf, annotation in items:
+    for path, leaf, annotation, note in items:
         text = _paths.rule_path(path)
         hits = [(p, v) for p, regex, v in compiled if regex.fullmatch(text)]
         if len(hits) > 1:
@@ -288,11 +359,11 @@ def apply_rules(items: list, rules: Any) -> list:
             )
         if hits:
             used[hits[0][0]] += 1
-            annotation = _hints.leaf_annotation(hits[0][1])
-        out.append((path, leaf, annotation))
+            annotation, note = _hints.leaf_annotation(hits[0][1]), None
+        out.append((path, leaf, annotation, note))
     unused = [p for p, n in used.items() if n == 0]
     if unused:
-        sample = ", ".join(repr(_paths.rule_path(p)) for p, _, _ in items[:6])
+        sample = ", ".join(repr(_paths.rule_path(x[0])) for x in items[:6])
         raise ShardingAnnotationError(
             f"The rules {', '.join(repr(p) for p in unused)} match no leaf. Paths "
             f"look like {sample or '(no leaves)'}: keys joined with '/', `*` within "

@@ -10,26 +10,26 @@ Four paths, by what is known about the value:
 - a value with no sharding at all (NumPy arrays): it is on one device.
 """
 
-import functools as ft
 from typing import Any
 
 import jax
-import jaxtyping
 from jax.core import Tracer
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding
 
 from .._core import mesh as _mesh
 from .._core.failures import report
-from .._core.modes import current_mode, mode_reader
+from .._core.modes import current_mode
 from .._core.site import how_traced
 from .._layout import spec as _spec
-from .._layout.validate import validate_spec
 from . import auto as _auto, union as _union
 from .compare import (
+    agrees,
+    contrast,
     empty_fits,
     equivalent,
     FIX as _FIX,
     missing_axes,
+    same_mesh_shape,
     shards_nothing,
     too_long,
 )
@@ -103,6 +103,9 @@ def _another_member_matches(cls: Any, obj: Any) -> bool:
 def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
     if too_long(cls, ndim):
         return False
+    target = getattr(cls, "_jts_target", None)
+    if target is not None:
+        return agrees(sharding, target, ndim)  # devices and memory kind too
     if type(sharding) is NamedSharding:
         if missing_axes(cls, sharding.mesh):
             return False
@@ -118,11 +121,26 @@ def _eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
     return sharding.is_fully_replicated and shards_nothing(cls, mesh)
 
 
+def _target_message(cls: Any, obj: Any, sharding: Any, target: Any) -> str:
+    ndim = len(obj.shape)
+    actual, expected, there = contrast(
+        sharding, target, obj.dtype, obj.shape, cls._jts.entries(ndim)
+    )
+    extra = "" if hasattr(target, "mesh") else f" ({target})"
+    return (
+        f"this array is {actual}, not {expected}{there} as expected by "
+        f"{cls._jts.text}{extra}. {_FIX}"
+    )
+
+
 def _eager_message(cls: Any, obj: Any, sharding: Any) -> str:
     ndim = len(obj.shape)
     short = too_long(cls, ndim)
     if short:
         return short
+    target = getattr(cls, "_jts_target", None)
+    if target is not None:
+        return _target_message(cls, obj, sharding, target)
     if type(sharding) is NamedSharding:
         mesh = sharding.mesh
         missing = missing_axes(cls, mesh)
@@ -210,6 +228,14 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
     missing = missing_axes(cls, mesh)
     if missing:
         return missing
+    # Against a concrete sharding: a trace knows no devices, only the mesh's shape.
+    target_mesh = getattr(getattr(cls, "_jts_target", None), "mesh", None)
+    if target_mesh is not None and not same_mesh_shape(mesh, target_mesh):
+        return (
+            f"{_noun(obj)} `{aval.str_short()}` is on the mesh "
+            f"{_mesh.format_mesh(mesh)}, not on the mesh of {cls._jts.text} "
+            f"({_mesh.format_mesh(target_mesh)}) as expected{_when(obj)}"
+        )
     sizes = _mesh.sizes(mesh)
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)
@@ -275,50 +301,3 @@ def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) ->
         f"keeps), not {cls._jts.text} as expected by the type hint (mesh "
         f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
     )
-
-
-# jaxtyping's own check of "any array, any shape": what a bare spec asks of a
-# value before its sharding.
-_ANY_ARRAY: Any = jaxtyping.Shaped[jaxtyping.Array, "..."]
-_any_array_str = type(_ANY_ARRAY).__instancecheck_str__
-
-
-class SpecCheck:
-    """A bare `PartitionSpec` as something to check values against, as an
-    annotation is (`isinstance`, `__instancecheck_str__`): any jax.Array of any
-    dtype and rank, sharded as the spec says. What the tree checks use for a
-    `PartitionSpec` or `NamedSharding` given as a leaf's annotation; shown in
-    messages as the spec (`P('data', None)`). Build one with `spec_check`.
-    """
-
-    _jts_rank_fixed = False
-    _jts_logical = False
-    # For `check_tree`'s abstract leaves (`jax.ShapeDtypeStruct`): the dtype and
-    # dims a jaxtyping annotation would give, i.e. any.
-    dtype = jaxtyping.Shaped
-    dim_str = "..."
-
-    def __init__(self, layout: _spec.Layout):
-        self._jts = layout
-        self._jts_verdicts: dict = {}
-        self._jts_last: Any = None
-        self.__name__ = self.__qualname__ = layout.text
-
-    def __instancecheck__(self, obj: Any) -> bool:
-        return self.__instancecheck_str__(obj) == ""
-
-    def __instancecheck_str__(self, obj: Any) -> str:
-        return _any_array_str(_ANY_ARRAY, obj) or self._jts_sharding_str(obj)
-
-    def _jts_sharding_str(self, obj: Any) -> str:
-        return "" if mode_reader.value == "off" else check(self, obj)
-
-    def __repr__(self) -> str:
-        return self.__name__
-
-
-@ft.lru_cache(maxsize=1024)
-def spec_check(spec: PartitionSpec) -> SpecCheck:
-    """The `SpecCheck` of a spec (validated here), one per spec."""
-    text = _spec.format_spec(spec)
-    return SpecCheck(_spec.Layout(validate_spec(spec, text), (), text))

@@ -7,9 +7,10 @@ is_equivalent_to` decides; specs are never compared with `==`.
 
 from typing import Any, Optional
 
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from .._core import mesh as _mesh
+from .._layout import spec as _spec
 
 
 FIX = (
@@ -70,3 +71,64 @@ def equivalent(cls: Any, mesh: Any, sharding: Any, ndim: int) -> bool:
         mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
     )
     return expected.is_equivalent_to(sharding, ndim)
+
+
+def device_ids(sharding: Any) -> list:
+    """The devices of a sharding, by id: in mesh order for a `NamedSharding`
+    (the order that decides which device holds which shard), else sorted."""
+    mesh = getattr(sharding, "mesh", None)
+    if isinstance(mesh, Mesh):
+        return [d.id for d in mesh.devices.flat]
+    return sorted(d.id for d in sharding.device_set)
+
+
+def same_mesh_shape(a: Any, b: Any) -> bool:
+    """Whether two meshes have the same axis names and sizes (devices aside)."""
+    return (tuple(a.axis_names), tuple(a.axis_sizes)) == (
+        tuple(b.axis_names),
+        tuple(b.axis_sizes),
+    )
+
+
+def agrees(sharding: Any, target: Any, ndim: int) -> bool:
+    """Whether `sharding` lays an array of rank `ndim` out as the concrete `target`
+    does: `is_equivalent_to` (spec, devices, memory kind). A `NamedSharding` on an
+    abstract mesh (a `jax.ShapeDtypeStruct`'s) has no devices: it agrees when its
+    mesh has the target's axes and sizes and its spec the target's layout."""
+    mesh = getattr(sharding, "mesh", None)
+    if isinstance(sharding, NamedSharding) and not isinstance(mesh, Mesh):
+        target_mesh = getattr(target, "mesh", None)
+        if target_mesh is None or not same_mesh_shape(mesh, target_mesh):
+            return False
+        sizes = _mesh.sizes(mesh)
+        return _spec.normalise(
+            _spec.entries_of(sharding.spec), ndim, sizes
+        ) == _spec.normalise(_spec.entries_of(target.spec), ndim, sizes)
+    return target.is_equivalent_to(sharding, ndim)
+
+
+def contrast(
+    sharding: Any, target: Any, dtype: Any, shape: Any, expected: _spec.Entries
+) -> tuple[str, str, str]:
+    """An array's layout and the expected one, in JAX's notation
+    (`` `float32[8@data,4]` ``); where the notation is the same on both sides,
+    what differs: the array's mesh, device order or memory kind (with the first),
+    and the expected device order or memory kind (the third)."""
+    spec = getattr(sharding, "spec", None)
+    entries = _spec.entries_of(spec) if spec is not None else ()
+    actual = _spec.format_array(dtype, shape, entries)
+    wanted = _spec.format_array(dtype, shape, expected)
+    here = there = ""
+    if spec is None:
+        here = f" ({sharding})"
+    elif actual == wanted:
+        mesh, target_mesh = sharding.mesh, getattr(target, "mesh", None)
+        if target_mesh is not None and not same_mesh_shape(mesh, target_mesh):
+            here = f" on the mesh {_mesh.format_mesh(mesh)}"
+        if isinstance(mesh, Mesh) and device_ids(sharding) != device_ids(target):
+            here += f" over devices {device_ids(sharding)}"
+            there = f" over devices {device_ids(target)}"
+        elif not here:
+            here = f" in memory {sharding.memory_kind!r}"
+            there = f" in memory {target.memory_kind!r}"
+    return f"`{actual}`{here}", f"`{wanted}`", there

@@ -4,7 +4,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from jaxtyping_shard import Float, Int, Shaped, Tree
+from jaxtyping_shard import check_tree, Float, Int, Shaped, Tree, TreeSummary
 
 
 def layer(
@@ -29,3 +29,12 @@ def apply(params: Tree[Params], x: jax.Array) -> jax.Array:
 
 def tree_of_dict(params: Tree[dict[str, jax.Array]]) -> jax.Array:
     return params["w"]
+
+
+def checked_params(params: Params) -> Params:
+    # `check_tree` returns the tree as its own type; with `summary=True`, a
+    # `TreeSummary`.
+    params = check_tree(params)
+    counted: TreeSummary = check_tree(params, summary=True)
+    assert counted.checked >= 0
+    return params

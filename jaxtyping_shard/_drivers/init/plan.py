@@ -66,6 +66,7 @@ def leaf_shardings(
     `ShardingAnnotationError` listing every leaf that cannot be laid out.
     """
     leaves, plan = _tree.plan_for(abstract, annotations, rules)
+    _tree.refuse_problems(leaves, plan, what, "output")
     leads = stacked_prefixes(plan.paths, stacked)
     sizes = _mesh.sizes(mesh)
     problems: list[str] = []
@@ -94,10 +95,9 @@ def leaf_shardings(
         try:
             inner = _bridge.spec_for(
                 annotation,
-                len(shape) - len(lead),
+                shape[len(lead) :],
+                mesh,  # logical annotations resolve here, with the rules in force
                 name,
-                shape=shape[len(lead) :],
-                mesh=mesh,  # logical annotations resolve here, with the rules in force
             )
         except ShardingAnnotationError as error:
             fixed = _bridge.fixed_rank(annotation)

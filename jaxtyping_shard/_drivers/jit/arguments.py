@@ -14,13 +14,17 @@ from ..._core import mesh as _mesh
 from ..._core.errors import ShardingTypeCheckError
 from ..._layout import bridge as _bridge, spec as _spec
 from ..._layout.spec import has_sharding
+from ..._verdict.compare import agrees, contrast
 
 
 def place_arguments(
-    fname: str, pos: list, flat: list, in_leaves: Any, reshard: bool
+    fname: str, pos: list, flat: list, in_leaves: Any, reshard: bool, abstract: bool
 ) -> tuple:
     """The arguments, placed as derived; committed mismatches refused (or moved,
-    with `reshard`)."""
+    with `reshard`). `abstract` (for `lower`, `trace`, `eval_shape`): nothing is
+    placed or moved; each leaf that would be becomes a `jax.ShapeDtypeStruct`
+    with the derived sharding. A `jax.ShapeDtypeStruct` given with another
+    sharding is refused (or given the derived one) as a committed array is."""
     if in_leaves is None:
         return tuple(value for _, value, _ in pos)
     values, wrong = [], []
@@ -33,22 +37,36 @@ def place_arguments(
         for i, (leaf, sharding) in enumerate(zip(leaves, shardings)):
             if sharding is None or isinstance(leaf, Tracer):
                 continue
-            if not _committed(leaf):
+            if isinstance(leaf, jax.ShapeDtypeStruct):
+                given = leaf.sharding
+                if given is not None and agrees(given, sharding, len(leaf.shape)):
+                    continue
+                if given is not None and not reshard:
+                    wrong.append(mismatch(_where(name, value, i), leaf, sharding))
+                    continue
+                moved[i], changed = _abstract(leaf, sharding), True
+            elif not _committed(leaf):
                 # NumPy and uncommitted arrays go where the annotation says,
                 # as jit would move them; placed first, their types carry the
                 # sharding (with Explicit axes, in_shardings alone do not).
-                placed = _place_leaf(leaf, sharding)
-                if placed is not leaf:
-                    moved[i], changed = placed, True
+                if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+                    continue  # a Python scalar: jit places it
+                if abstract:
+                    moved[i] = _abstract(leaf, sharding)
+                else:
+                    moved[i] = jax.device_put(leaf, sharding)
+                changed = True
+            elif leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
                 continue
-            if leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
-                continue
-            if reshard:
-                moved[i], changed = jax.device_put(leaf, sharding), True
+            elif reshard:
+                moved[i] = (
+                    _abstract(leaf, sharding)
+                    if abstract
+                    else jax.device_put(leaf, sharding)
+                )
+                changed = True
             else:
-                path = jax.tree_util.tree_flatten_with_path(value)[0][i][0]
-                where = name + jax.tree_util.keystr(path)
-                wrong.append(_mismatch(where, leaf, sharding))
+                wrong.append(mismatch(_where(name, value, i), leaf, sharding))
         if changed:
             value = jax.tree_util.tree_unflatten(treedef, moved)
         values.append(value)
@@ -56,13 +74,27 @@ def place_arguments(
         raise ShardingTypeCheckError(
             f"{fname}: {len(wrong)} argument"
             f"{'s are' if len(wrong) > 1 else ' is'} committed to a sharding "
-            "other than the one its annotation asks for, and jit does not move "
-            "committed arrays:\n" + "\n".join(f"  - {w}" for w in wrong) + "\n"
-            "Place the data as annotated (`jts.place`, or `jax.device_put(x, "
+            "(or, a `jax.ShapeDtypeStruct`, given one) other than the one its "
+            "annotation asks for, and jit does not move committed arrays:\n"
+            + "\n".join(f"  - {w}" for w in wrong)
+            + "\nPlace the data as annotated (`jts.place`, or `jax.device_put(x, "
             "jts.sharding_of(annotation, mesh))`), or pass `reshard_inputs=True` "
             "to `jts.jit` to move it on every call."
         )
     return tuple(values)
+
+
+def _where(name: str, value: Any, i: int) -> str:
+    path = jax.tree_util.tree_flatten_with_path(value)[0][i][0]
+    return name + jax.tree_util.keystr(path)
+
+
+def _abstract(leaf: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    """The leaf as `jit` would see it placed: its shape, dtype and weak type."""
+    weak = bool(getattr(leaf, "weak_type", False))
+    return jax.ShapeDtypeStruct(
+        tuple(leaf.shape), leaf.dtype, sharding=sharding, weak_type=weak
+    )
 
 
 def statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
@@ -119,16 +151,6 @@ def _committed(leaf: Any) -> bool:
     )
 
 
-def _place_leaf(leaf: Any, sharding: NamedSharding) -> Any:
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        if leaf.sharding is None:
-            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-        return leaf
-    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        return jax.device_put(leaf, sharding)
-    return leaf
-
-
 def call_mesh(flat: list) -> Any:
     """The context's concrete mesh, else the mesh of a committed argument."""
     mesh = _mesh.set_concrete_mesh()
@@ -149,41 +171,24 @@ def leaf_sharding(
     if isinstance(annotation, NamedSharding):
         return annotation
     where = f"{fname}: {name}{jax.tree_util.keystr(path)}"
-    ndim = len(getattr(leaf, "shape", ()))
-    spec = _bridge.spec_for(annotation, ndim, where)
     if mesh is None:
         raise ValueError(
             f"{where} is annotated with a sharding, and jit needs a mesh for it: "
             "call under `jax.set_mesh(mesh)`, or pass arrays placed on the mesh."
         )
+    # The leaf's shape, as a check of the value will resolve it (fallback lists).
+    shape = tuple(getattr(leaf, "shape", ()))
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 
-def _mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
-    actual = leaf.sharding
-    spec = getattr(actual, "spec", None)
-    shown = _spec.format_array(
-        leaf.dtype, leaf.shape, _spec.entries_of(spec) if spec is not None else ()
+def mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
+    entries = _spec.entries_of(sharding.spec)
+    actual, expected, there = contrast(
+        leaf.sharding, sharding, leaf.dtype, leaf.shape, entries
     )
-    if spec is None:
-        shown += f" ({actual})"
-    expected = _spec.format_array(
-        leaf.dtype, leaf.shape, _spec.entries_of(sharding.spec)
-    )
-    mesh = _mesh.format_mesh(sharding.mesh)
-    if shown == expected:  # the same layout over other devices: say which
-        shown += f"` over devices {_device_ids(actual)}"
-        mesh += f" over devices {_device_ids(sharding)}"
-    else:
-        shown += "`"
     return (
-        f"`{name}` is `{shown}, its annotation asks for `{expected}` "
-        f"({_spec.format_spec(sharding.spec)}, mesh {mesh})"
+        f"`{name}` is {actual}, its annotation asks for {expected} "
+        f"({_spec.format_spec(sharding.spec)}, mesh "
+        f"{_mesh.format_mesh(sharding.mesh)}{there})"
     )
-
-
-def _device_ids(sharding: Any) -> list:
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return sorted(d.id for d in sharding.device_set)
-    return [d.id for d in mesh.devices.flat]

@@ -21,7 +21,8 @@ over its arguments' flat leaves (`Entry.flat`): the tree was flattened here
 already to find the signature, and JAX flattening a tuple of arrays is C++ only,
 where flattening an Equinox module again would run its Python flatten per call.
 `lower`, `trace` and `eval_shape` use the tree jit, so their results take the
-arguments as the caller wrote them.
+arguments as the caller wrote them, and move nothing: what a call would place
+is given to them as a `jax.ShapeDtypeStruct` with its derived sharding.
 """
 
 import functools as ft
@@ -38,9 +39,16 @@ from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
 from ..._trees import hints as _hints, walk as _tree
-from ..._trees.signature import parameter_hint
+from ..._trees.signature import read, Signature
 from . import arguments as _arguments
-from .entry import Entry, flat_leaves, Speculation, STALE_LIMIT
+from .entry import (
+    BACKOFF,
+    BACKOFF_LIMIT,
+    Entry,
+    flat_leaves,
+    Speculation,
+    STALE_LIMIT,
+)
 
 
 ANNOTATIONS = "annotations"
@@ -93,9 +101,21 @@ class AnnotatedJit:
         # entry the last ordinary call went through, see `_jit_entry`.
         self._last: dict[str, Speculation] = {}
         self._stale = 0  # speculative calls failed in a row
-        self._name = getattr(fun, "__qualname__", None) or repr(fun)
+        # After STALE_LIMIT misses in a row: no speculation for `_pause` more
+        # ordinary calls, then one try; a try that misses doubles the pause.
+        self._pause, self._window = 0, BACKOFF
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
+
+    @ft.cached_property
+    def _read(self) -> Signature:
+        # The hints, through partials and `__call__`: read at the first call, as
+        # the boundary checks read them (and warn about those they cannot).
+        return read(self._fun)
+
+    @property
+    def _name(self) -> str:
+        return self._read.name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         last = self._last.get(mode_reader.value)
@@ -109,9 +129,15 @@ class AnnotatedJit:
                 self._stale += 1
                 self._last.pop(last.mode, None)
                 if self._stale >= STALE_LIMIT:
+                    # Back off (the signature alternates, say): a few ordinary
+                    # calls, then one more try, so that a steady loop after a
+                    # train/eval interleave is speculative again.
                     self._last.clear()
+                    self._pause = self._window
+                    self._window = min(2 * self._window, BACKOFF_LIMIT)
             else:
-                self._stale = 0
+                if self._stale:
+                    self._stale, self._window = 0, BACKOFF
                 return out
         inner, pos, kw, slow = self._prepare(args, kwargs, fast=True)
         if slow is None:
@@ -155,9 +181,14 @@ class AnnotatedJit:
         """`[(name, value, is_static), ...]` positionally, and keyword-only ones."""
         bound = self._sig.bind(*args, **kwargs)
         bound.apply_defaults()
+        # A keyword a `functools.partial` binds is the partial's to pass, unless
+        # the caller gives it.
+        partials = self._read.fixed - kwargs.keys()
         pos: list = []
         kw: dict = {}
         for i, (name, param) in enumerate(self._sig.parameters.items()):
+            if name in partials:
+                continue
             value: Any = bound.arguments.get(name)
             static = i in self._static_nums or name in self._static_names
             if param.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
@@ -179,13 +210,7 @@ class AnnotatedJit:
         return pos, {k: v for k, (v, _) in kw.items()}
 
     def _hint(self, name: str) -> Any:
-        param = name.split("[", 1)[0]
-        if param not in self._sig.parameters:
-            return None
-        try:
-            return parameter_hint(self._fun, param, "jit")
-        except Exception:  # an unannotated parameter: unspecified
-            return None
+        return self._read.hint(name.split("[", 1)[0])
 
     def _prepare(
         self, args: tuple, kwargs: dict, fast: bool = False, tree: bool = False
@@ -194,7 +219,8 @@ class AnnotatedJit:
         when `fast` and every sharded leaf is committed, the per-leaf placement
         and check, left for the caller to run if JAX refuses the arguments.
 
-        Unless `tree` (for `lower`, `trace`, `eval_shape`), a signature whose
+        With `tree` (for `lower`, `trace`, `eval_shape`) the values are
+        abstract where the call would place them. Otherwise a signature whose
         shardings are all derived is called through a `jit` over its flat leaves
         (`Entry.flat`): JAX then flattens a tuple of arrays, not the modules a
         second time (Equinox modules flatten in Python), and the values are those
@@ -233,7 +259,8 @@ class AnnotatedJit:
                 in_leaves, jit_kwargs["in_shardings"] = self._in_shardings(
                     pos, flat, mesh
                 )
-            values = self._place(pos, flat, in_leaves)
+            # `lower`, `trace`, `eval_shape`: abstract values, nothing moved.
+            values = self._place(pos, flat, in_leaves, abstract=tree)
             if self._derive_out:
                 jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
             flattens = key is not None and self._flattens(kw)
@@ -268,7 +295,7 @@ class AnnotatedJit:
             and not kwargs
             and not kw
             and len(args) == len(pos)
-            and self._stale < STALE_LIMIT
+            and self._may_speculate()
         ):
             # The next call may go straight to this entry's tree jit (see
             # `_jit_entry`): this call fills JAX's C++ cache with its signature.
@@ -289,8 +316,16 @@ class AnnotatedJit:
                 (lambda: pack(self._place(pos, flat, entry.in_leaves))),
             )
         if values is None:
-            values = self._place(pos, flat, entry.in_leaves)
+            values = self._place(pos, flat, entry.in_leaves, abstract=tree)
         return inner, pack(values), kw, None
+
+    def _may_speculate(self) -> bool:
+        """Whether this ordinary call may make the next one speculative: not
+        while backing off (each call asked counts down the pause)."""
+        if self._pause:
+            self._pause -= 1
+            return False
+        return True
 
     def _flattens(self, kw: dict) -> bool:
         """Whether calls may go through the flat `jit`: every sharding derived, no
@@ -321,13 +356,20 @@ class AnnotatedJit:
         hint = self._hint_return()
         if hint is None:
             return None
-        if _hints.leaf_annotation(hint) is not None and has_sharding(hint):
+        if (
+            _hints.leaf_annotation(hint) is not None
+            and has_sharding(hint)
+            and not _bridge.needs_shape(hint)
+        ):
+            # One array whose spec the rank alone decides: no trace needed.
             try:
-                spec = _bridge.spec_for(hint, None, f"{self._name} return")
+                spec = _bridge.spec_for(hint, None, mesh, f"{self._name} return")
             except Exception:  # its rank depends on the value: trace for it
                 spec = None
             if spec is not None:
                 return _bridge.named_sharding(spec, mesh, hint, "return value")
+        # The result's shapes, from an abstract evaluation (no data moves): each
+        # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint)
         shardings = [
@@ -337,12 +379,11 @@ class AnnotatedJit:
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
 
     def _hint_return(self) -> Any:
-        try:
-            return parameter_hint(self._fun, "return", "jit")
-        except Exception:
-            return None
+        return self._read.hint("return")
 
-    def _place(self, pos: list, flat: list, in_leaves: Any) -> tuple:
+    def _place(
+        self, pos: list, flat: list, in_leaves: Any, abstract: bool = False
+    ) -> tuple:
         return _arguments.place_arguments(
-            self._name, pos, flat, in_leaves, self._reshard
+            self._name, pos, flat, in_leaves, self._reshard, abstract
         )

@@ -39,9 +39,14 @@ from ..._rules import scope as _rules
 
 
 # After this many speculative calls in a row that JAX's C++ cache could not
-# answer (as when the signature alternates between calls), the function is no
-# longer called speculatively.
+# answer (as when the signature alternates between calls), the function backs
+# off: it is not called speculatively for BACKOFF ordinary calls, then tried
+# once; each try that misses doubles the pause, up to BACKOFF_LIMIT, and a hit
+# resets it. An alternating signature then costs one miss per pause; a steady
+# one is speculative again after at most BACKOFF_LIMIT calls.
 STALE_LIMIT = 8
+BACKOFF = 16
+BACKOFF_LIMIT = 256
 
 
 class Entry:
@@ -109,12 +114,16 @@ class Speculation:
         may be made speculatively: outside any trace (a traced call takes the
         function unconstrained) and `jax.disable_jit()`, with the same mesh and
         rules (the caller looks it up by mode)."""
-        return (
-            len(args) == self.count
-            and _compat.top_level()
-            and not _compat.jit_disabled()  # `fun` would run eagerly
-            and _mesh.set_concrete_mesh() is self.mesh
-            and _rules.current() is self.rules
+        if len(args) != self.count or not _compat.top_level():
+            return False
+        if _compat.jit_disabled():  # `fun` would run eagerly
+            return False
+        # Equal, not only identical: a fresh `axis_rules(same_table)` (or
+        # `set_mesh` of an equal mesh) each step is the same (JAX keys its caches
+        # on them by equality, too).
+        mesh, rules = _mesh.set_concrete_mesh(), _rules.current()
+        return (mesh is self.mesh or mesh == self.mesh) and (
+            rules is self.rules or rules == self.rules
         )
 
     def call(self, args: tuple) -> Any:

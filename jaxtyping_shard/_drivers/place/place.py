@@ -11,14 +11,19 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..._core import mesh as _mesh
 from ..._core.errors import PlacementError, ShardingAnnotationError
 from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
-from ..._trees import paths as _paths, walk as _tree
+from ..._trees import (
+    check_tree as _check_tree,
+    leaves as _leaves,
+    paths as _paths,
+    walk as _tree,
+)
 from ..._trees.signature import function_name as _name, parameter_hint
 from . import rows as _rows, verify as _verify
 
@@ -34,6 +39,7 @@ def place(
     global_shape: Any = None,
     verify: Optional[str] = "shapes",
     rules: Optional[Mapping[str, Any]] = None,
+    strict: bool = False,
 ) -> Any:
     """Host-local data as global arrays, laid out as the annotations say.
 
@@ -68,8 +74,9 @@ def place(
         (`Int[Array, "batch seq", P(("data", "fsdp"), None)]`), a
         `PartitionSpec`, a `NamedSharding`, a type hint (`dict[str, ...]`, an
         annotated dataclass) or a tree of those, a prefix of `local`'s tree, as for
-        [`jaxtyping_shard.shardings`][]. Every leaf must get a sharding (`P()`
-        says replicated).
+        [`jaxtyping_shard.shardings`][]. A leaf whose annotation declares no
+        sharding (none, `Any`, a third-party class's field such as an optax
+        state's `count`) is placed replicated, as `sharded_init` creates it.
     - `mesh`: omitted: the context mesh (`jax.set_mesh`).
     - `global_shape`: omitted: computed from the local shape, the sharding and
         the mesh (a dim cut into `n` shards of which this process holds `k` is
@@ -83,6 +90,8 @@ def place(
         (what `jax.make_array_from_process_local_data` does). On one process
         there is nothing to compare and nothing runs.
     - `rules`: path rules, as for [`jaxtyping_shard.shardings`][].
+    - `strict`: `True`: a leaf whose annotation declares no sharding is an error
+        instead of placed replicated.
 
     **Returns:**
 
@@ -94,11 +103,15 @@ def place(
     [`jaxtyping_shard.PlacementError`][] before anything is built when a local
     size does not fit the sharding and the process count (the message gives the
     size expected and the mesh axes), a global size is not divisible by its
-    shard count, or the verification fails.
-    [`jaxtyping_shard.ShardingAnnotationError`][] when a leaf has no sharding or
-    names an axis the mesh lacks.
+    shard count, the global array would fail its own annotation (a dtype, a
+    fixed dim, a dim name bound twice to different sizes), or the verification
+    fails.
+    [`jaxtyping_shard.ShardingAnnotationError`][] when a leaf names an axis the
+    mesh lacks, or (`strict=True`) has no sharding.
     """
-    return _place(local, annotations, mesh, global_shape, verify, rules, "place")
+    return _place(
+        local, annotations, mesh, global_shape, verify, rules, "place", strict
+    )
 
 
 def place_for(
@@ -141,7 +154,7 @@ def place_for(
     """
     hint = parameter_hint(fn, parameter, "place_for")
     where = f"place_for({_name(fn)}, {parameter!r})"
-    return _place(local, hint, mesh, global_shape, verify, None, where)
+    return _place(local, hint, mesh, global_shape, verify, None, where, True)
 
 
 def local_rows(annotation: Any, global_shape: Any, mesh: Any = None) -> tuple:
@@ -174,11 +187,13 @@ def local_rows(annotation: Any, global_shape: Any, mesh: Any = None) -> tuple:
     count, or this process's shards of a dim are not contiguous.
     """
     shape = tuple(int(n) for n in global_shape)
-    sharding = _sharding(annotation, mesh, len(shape), "local_rows")
+    sharding = _sharding(annotation, mesh, shape, "local_rows")
     return _rows.rows_of(sharding, shape, "local_rows")
 
 
-def _sharding(annotation: Any, mesh: Any, ndim: int, where: str) -> NamedSharding:
+def _sharding(annotation: Any, mesh: Any, shape: tuple, where: str) -> NamedSharding:
+    """The sharding of the global array of `shape` (logical names resolved for
+    that shape, as a check of the array will resolve them)."""
     if isinstance(annotation, NamedSharding) and mesh is None:
         return annotation
     if not has_sharding(annotation):
@@ -186,26 +201,30 @@ def _sharding(annotation: Any, mesh: Any, ndim: int, where: str) -> NamedShardin
             f"{where}: {_bridge.describe(annotation)} has no sharding, so it says "
             "nowhere to place the data. Annotate it, `P()` for replicated."
         )
-    spec = _bridge.spec_for(annotation, ndim, where)
     mesh = _concrete_mesh(mesh, where)
+    spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 
 _layouts: dict = {}
 _LAYOUT_LIMIT = 512
+# How many times the global shape may change the resolution before `place` asks
+# for `global_shape=` (see `_resolved`).
+_ROUNDS = 3
 
 
-def _layout(annotation, mesh, local_shape, given, where) -> tuple:
-    """The sharding and global shape of one leaf; cached, as a data loader calls
-    `place` every step (the same `NamedSharding` object also keeps JAX's own
-    `device_put` caches warm)."""
+def _layout(annotation, checker, mesh, x, given, where) -> tuple:
+    """`(sharding, global shape, why the data does not fit its annotation or "")`
+    of one leaf; cached, as a data loader calls `place` every step (the same
+    `NamedSharding` object also keeps JAX's own `device_put` caches warm)."""
     context = _mesh.set_concrete_mesh() if mesh is None else None
     try:
         key: Any = (
             annotation,
             mesh,
             context,  # the context mesh, when it is the one used
-            tuple(local_shape),
+            tuple(x.shape),
+            x.dtype,
             None if given is None else tuple(given),
             _rules.current(),  # logical annotations resolve through the rules
         )
@@ -214,13 +233,60 @@ def _layout(annotation, mesh, local_shape, given, where) -> tuple:
         key, hit = None, None
     if hit is not None:
         return hit
-    sharding = _sharding(annotation, mesh, len(local_shape), where)
-    out = (sharding, _rows.global_shape_of(sharding, local_shape, given, where))
+    sharding, shape = _resolved(annotation, mesh, x.shape, given, where)
+    out = (sharding, shape, _misfit(checker, x, shape, sharding, where))
     if key is not None:
         if len(_layouts) >= _LAYOUT_LIMIT:
             _layouts.clear()
         _layouts[key] = out
     return out
+
+
+def _resolved(annotation, mesh, local_shape, given, where) -> tuple:
+    """The sharding, and the global shape it makes of the local data, resolved
+    for that global shape (as a check of the array will resolve it).
+
+    With `global_shape=`, that shape. Otherwise it depends on the sharding (on
+    one process it is the local shape; on several, a dim split over processes
+    is a multiple of it), so the two are found together: a sharding whose global
+    shape resolves to itself, starting from the rules' first choice (by rank),
+    else from the local shape."""
+    local = tuple(local_shape)
+    if given is not None and len(given) == len(local):
+        starts: list = [tuple(int(n) for n in given)]
+    else:
+        starts = [len(local), local]
+    error: Optional[Exception] = None
+    for shape in starts:
+        try:
+            for _ in range(_ROUNDS):
+                sharding = _sharding(annotation, mesh, shape, where)
+                found = _rows.global_shape_of(sharding, local, given, where)
+                if found == shape:
+                    return sharding, shape
+                shape = found
+        except (PlacementError, ShardingAnnotationError) as failed:
+            # The local data does not fit that sharding, or the rules find none
+            # for that shape (a fallback the rank alone cannot choose): the next
+            # start; the last one's error is the answer.
+            error = failed
+    raise error or PlacementError(
+        f"{where}: the sharding of {_bridge.describe(annotation)} under the axis "
+        "rules in force depends on the global shape, which depends on the "
+        "sharding, and no choice is consistent for the local data of shape "
+        f"{local}. Pass `global_shape=`."
+    )
+
+
+def _misfit(checker: Any, x: Any, shape: tuple, sharding: Any, where: str) -> str:
+    """Why the global array the local data would make fails its own annotation
+    (dtype, fixed dims, dim names bound within it; its sharding, resolved as a
+    check resolves it), "" when it fits. Checked on a `jax.ShapeDtypeStruct`:
+    nothing is built."""
+    dtype = jax.dtypes.canonicalize_dtype(x.dtype)  # what the array will hold
+    abstract = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    failures = _leaves.leaf_failures([abstract], ((),), (checker,), where)
+    return failures[0][1] if failures else ""
 
 
 def _concrete_mesh(mesh: Any, where: str) -> Any:
@@ -249,27 +315,45 @@ def _global_shapes(given: Any, count: int, where: str) -> list:
     return list(shapes)
 
 
-def _place(local, annotations, mesh, global_shape, verify, rules, where) -> Any:
+def _place(local, annotations, mesh, global_shape, verify, rules, where, strict) -> Any:
     if verify not in _VERIFY:
         raise ValueError(
             f"{where}: verify must be 'shapes', 'checksum' or None, not {verify!r}."
         )
     leaves, plan = _tree.plan_for(local, annotations, rules)
+    _tree.refuse_problems(leaves, plan, where, "local")
+    checkers = _check_tree.checkers_of(plan)
     arrays = [x if hasattr(x, "shape") else np.asarray(x) for x in leaves]
     names = [_paths.path_name("local", p) for p in plan.paths]
     givens = _global_shapes(global_shape, len(arrays), where)
-    shardings, shapes = [], []
-    for name, x, annotation, given in zip(names, arrays, plan.annotations, givens):
+    shardings, shapes, misfits = [], [], []
+    rows = zip(names, arrays, plan.annotations, checkers, givens)
+    for name, x, annotation, checker, given in rows:
         label = f"{where}: {name}" if plan.paths else where
         if not has_sharding(annotation):
-            raise ShardingAnnotationError(
-                f"{label} has no sharding in its annotation "
-                f"({_bridge.describe(annotation)}), so it has nowhere to go. "
-                "Annotate it; `P()` places it replicated."
-            )
-        sharding, shape = _layout(annotation, mesh, x.shape, given, label)
+            if strict:
+                raise ShardingAnnotationError(
+                    f"{label} has no sharding in its annotation "
+                    f"({_bridge.describe(annotation)}), so it has nowhere to go "
+                    "(strict). Annotate it; `P()` places it replicated."
+                )
+            annotation = PartitionSpec()  # declares nothing: replicated
+        sharding, shape, misfit = _layout(annotation, checker, mesh, x, given, label)
         shardings.append(sharding)
         shapes.append(shape)
+        if misfit:
+            misfits.append(f"  {name}: {misfit}")
+    if misfits:
+        head = (
+            "the local data would not be what its annotation says"
+            if len(arrays) == 1
+            else f"{len(misfits)} of {len(arrays)} arrays of the local data would "
+            "not be what their annotations say"
+        )
+        raise PlacementError(
+            f"{where}: {head} (checked as the global array, of the dtype JAX would "
+            "give it; nothing was placed):\n" + "\n".join(misfits)
+        )
     if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
         if verify == "checksum":

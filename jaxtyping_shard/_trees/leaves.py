@@ -1,0 +1,287 @@
+"""Each leaf of a tree against its checker, how much of the tree a check saw, and
+the one error that lists what failed.
+
+`leaf_failures` checks the leaves (arrays, tracers, `jax.ShapeDtypeStruct`s),
+each on its own. Every tree check counts the leaves it checked and the array
+leaves that declare no sharding (unannotated: nothing, an annotation without a
+sharding, or a hint above them that cannot be read or declares nothing).
+`check_tree(..., summary=True)` returns the count as a `TreeSummary`; its error,
+and the `jaxtyping_shard.jit` boundary's, say it in their first line;
+`strict=True` makes each unannotated array leaf a failure, named by key path.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import jax
+from jax.core import Tracer
+
+# jaxtyping binds dim names in the memo of the innermost `jaxtyped` call. A tree's
+# leaves are checked each on its own (a `list[Block]` may hold blocks of different
+# widths), so the memo stack is hidden while they are: read in this one place.
+from jaxtyping._storage import _shape_storage
+
+from .._core import site as _site
+from .._core.errors import ShardingTypeCheckError
+from .._layout import spec as _spec
+from .._layout.spec import has_sharding, sharded_members
+from .._verdict.compare import FIX
+from . import paths as _paths
+
+
+def leaf_failures(
+    leaves: list,
+    paths: tuple,
+    checkers: tuple,
+    name: str,
+    function: Optional[str] = None,
+    is_return: bool = False,
+    name_sites: bool = True,
+) -> list:
+    """`[(path name, reason), ...]` for the leaves that fail their checkers.
+
+    `name_sites=False` leaves compile-time checks to find their own site (under
+    `jaxtyped`, the parameter and the key path inside it).
+    """
+    failures = []
+    hidden = getattr(_shape_storage, "memo_stack", None)
+    if hidden:
+        _shape_storage.memo_stack = []
+    try:
+        for leaf, checker, path in zip(leaves, checkers, paths):
+            if checker is None:
+                continue
+            if type(checker) is Missing:
+                reason = checker.reason
+            elif isinstance(leaf, Tracer) and not name_sites:
+                reason = _reason(checker, leaf)
+            elif isinstance(leaf, Tracer):
+                # Compile-time (Auto) checks name the leaf by its key path.
+                argument = None if is_return else name
+                keys = jax.tree_util.keystr(path)
+                with _site.naming(function, argument, is_return, keys):
+                    reason = _reason(checker, leaf)
+            elif isinstance(leaf, jax.ShapeDtypeStruct):
+                reason = _reason(checker, leaf, _abstract_reason)
+            elif isinstance(leaf, checker):
+                continue
+            else:
+                reason = _reason(checker, leaf)
+            if reason:
+                failures.append((_paths.path_name(name, path), reason))
+    finally:
+        if hidden:
+            _shape_storage.memo_stack = hidden
+    return failures
+
+
+def _reason(checker: Any, leaf: Any, one: Any = None) -> str:
+    """Why `leaf` fails `checker` ("" if it passes): `one(annotation, leaf)`,
+    by default the annotation's own `__instancecheck_str__`; a union passes if
+    one of its members does."""
+    check = one or (lambda annotation, value: annotation.__instancecheck_str__(value))
+    members = sharded_members(checker) if not hasattr(checker, "_jts") else ()
+    if members:
+        reasons = [check(m, leaf) for m in members]
+        return "" if "" in reasons else reasons[0]
+    return check(checker, leaf)
+
+
+def _abstract_reason(checker: Any, leaf: jax.ShapeDtypeStruct) -> str:
+    """A `jax.ShapeDtypeStruct` (what `abstract` and `jax.eval_shape` give, what a
+    checkpoint is restored into) against one annotation (see `_reason` for
+    unions): its dtype and shape as jaxtyping checks an array's, then its
+    `sharding` as a concrete array's."""
+    dtype, dims = getattr(checker, "dtype", None), getattr(checker, "dim_str", None)
+    if dtype is None or dims is None:  # not an array annotation
+        return _reason(checker, leaf)
+    twin = _abstract_twins.get(checker)
+    if twin is None:
+        twin = _abstract_twins[checker] = dtype[jax.ShapeDtypeStruct, dims]
+    message = type(twin).__instancecheck_str__(twin, leaf)
+    if message or not has_sharding(checker):
+        return message
+    if leaf.sharding is None:
+        hint = getattr(getattr(checker, "_jts", None), "text", None) or checker.__name__
+        shown = _spec.format_array(leaf.dtype, leaf.shape, ())
+        return (
+            f"this `jax.ShapeDtypeStruct` ({shown}) has no sharding, and its type "
+            f"hint {hint} asks for one. Give it `sharding=` (`jts.abstract` does), "
+            "or check the arrays themselves."
+        )
+    return checker._jts_sharding_str(leaf)  # the sharding part of the check
+
+
+# Per annotation, jaxtyping's dtype-and-dims check of a `jax.ShapeDtypeStruct`.
+_abstract_twins: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSummary:
+    """How much of a tree [`jaxtyping_shard.check_tree`][] checked.
+
+    Returned by `check_tree(..., summary=True)` (and held by its error as
+    `error.summary`); `str()` of it is one line.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp
+        import jaxtyping_shard as jts
+
+        summary = jts.check_tree({"w": jnp.ones((8, 4))}, summary=True)
+        assert summary.checked == 0 and summary.unannotated == ("tree['w']",)
+        ```
+
+    **Attributes:**
+
+    - `tree`: the tree checked, as given.
+    - `leaves`: how many leaves it has.
+    - `checked`: how many of them were checked against an annotation (with
+        `like=`: against the leaf of `like`).
+    - `unannotated`: the array leaves that declare no sharding, by key path:
+        no annotation, one without a sharding (`Float[Array, "e"]`), or under a
+        hint that cannot be read or declares nothing (`Any`, a third-party
+        class's fields). `strict=True` makes each a failure.
+    - `notes`: for those of them under a hint that cannot be read, why.
+    """
+
+    tree: Any
+    leaves: int
+    checked: int
+    unannotated: tuple
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        text = f"{self.checked} of {self.leaves} leaves checked"
+        if self.unannotated:
+            shown = ", ".join(self.unannotated[:8])
+            more = f", ... ({len(self.unannotated)} in all)" * (
+                len(self.unannotated) > 8
+            )
+            text += f"; array leaves declaring no sharding: {shown}{more}"
+        return text
+
+
+TreeSummary.__module__ = "jaxtyping_shard"
+
+
+class Counts:
+    """The leaves checked, and the unannotated array leaves, of one or more trees
+    (a function's arguments)."""
+
+    def __init__(self) -> None:
+        self.leaves = 0
+        self.checked = 0
+        self.unannotated: list = []  # (name, key path, note)
+
+    def add(self, name: str, leaves: list, plan: Any, checkers: tuple) -> int:
+        """Counts one tree; returns how many of its leaves are checked."""
+        checked, bare = _bare(plan, checkers)
+        for i in bare:  # those of them that are arrays are unannotated
+            if is_array(leaves[i]):
+                note = plan.notes[i] if plan.notes else None
+                self.unannotated.append((name, plan.paths[i], note))
+        self.leaves += len(leaves)
+        self.checked += checked
+        return checked
+
+    def names(self) -> tuple:
+        return tuple(_paths.path_name(n, p) for n, p, _ in self.unannotated)
+
+    def summary(self, tree: Any) -> TreeSummary:
+        notes = {
+            _paths.path_name(n, p): note for n, p, note in self.unannotated if note
+        }
+        return TreeSummary(tree, self.leaves, self.checked, self.names(), notes)
+
+    def strict_failures(self) -> list:
+        """`[(path name, reason), ...]`: each unannotated array leaf, as a failure."""
+        return [
+            (
+                _paths.path_name(n, p),
+                "declares no sharding (strict=True)" + (f": {note}" if note else ""),
+            )
+            for n, p, note in self.unannotated
+        ]
+
+
+class Missing:
+    """A leaf's checker that always fails, for a reason found before checking (a
+    leaf of `tree` with no counterpart in `like`)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _bare(plan: Any, checkers: tuple) -> tuple[int, tuple]:
+    """`(how many leaves are checked, the indices of those whose checker declares
+    no sharding)`, kept on the plan for the last checkers it was asked about (a
+    tree checked at every step costs no per-leaf work here)."""
+    hit = plan.cache.get("bare")
+    if hit is not None and hit[0] is checkers:
+        return hit[1]
+    out = (
+        sum(c is not None for c in checkers),
+        tuple(
+            i
+            for i, c in enumerate(checkers)
+            if not (has_sharding(c) or type(c) is Missing)
+        ),
+    )
+    plan.cache["bare"] = (checkers, out)
+    return out
+
+
+def is_array(x: Any) -> bool:
+    """An array, a tracer, a `jax.ShapeDtypeStruct` or a NumPy array."""
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+
+
+def _leaves(n: int) -> str:
+    return f"{n} array leaf" if n == 1 else f"{n} array leaves"
+
+
+def error(
+    what: str,
+    failures: list,
+    counts: Counts,
+    structure: Optional[list] = None,
+    strict: bool = False,
+) -> ShardingTypeCheckError:
+    """One error for all: the leaves that fail their annotation (`failures`), the
+    nodes their hints do not fit (`structure`), and under `strict` the
+    unannotated array leaves; the fix said once."""
+    structure = structure or []
+    bare = counts.strict_failures() if strict else []
+    pieces = []
+    if failures:
+        pieces.append(
+            f"{len(failures)} of {counts.checked} checked leaves do not match their "
+            f"annotation{'s' if len(failures) > 1 else ''}"
+        )
+    if structure:
+        pieces.append(
+            f"{len(structure)} part{'s' if len(structure) > 1 else ''} of the tree "
+            f"do{'' if len(structure) > 1 else 'es'} not fit the type hints"
+        )
+    if bare:
+        verb = "declares" if len(bare) == 1 else "declare"
+        pieces.append(f"{_leaves(len(bare))} {verb} no sharding (strict=True)")
+    head = f"{what}: {'; '.join(pieces)}"
+    said = [] if failures else [f"{counts.checked} leaves checked"]
+    if counts.unannotated and not strict:
+        said.append(f"{_leaves(len(counts.unannotated))} unannotated")
+    if said:
+        head += f" ({', '.join(said)})"
+    lines = []
+    fix = ""
+    for path, reason in [*structure, *failures, *bare]:
+        if reason.endswith(FIX):
+            reason = reason[: -len(FIX)].rstrip()
+            fix = FIX
+        lines.append(f"  {path}: {reason}")
+    return ShardingTypeCheckError(
+        "\n".join([f"{head}:", *lines, *([fix] if fix else [])])
+    )
