@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import _collectives  # beside this file, as _timing
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
 import _transformer  # beside this file
@@ -369,6 +370,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("check_tree", lambda: _tree_figures.check_tree_figure(settings)),
         ("jit, tree", lambda: _tree_figures.jit_tree_figures(settings)),
         ("transformer step", lambda: _transformer.figures(settings)),
+        ("collectives", lambda: _collectives.figures(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

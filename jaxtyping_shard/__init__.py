@@ -9,6 +9,7 @@ import typing as _typing
 
 from ._annotation.jaxtyped import jaxtyped as jaxtyped
 from ._core.errors import (
+    CollectiveBudgetError as CollectiveBudgetError,
     PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
@@ -31,6 +32,10 @@ from ._drivers.shardings import shardings as shardings
 from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
 from ._layout.logical import Logical as Logical
 from ._layout.spec import format_spec as format_spec
+from ._report.collectives import (
+    Collectives as Collectives,
+    collectives as collectives,
+)
 from ._report.explain import explain as explain, Explanation as Explanation
 from ._rules.scope import (
     axis_rules as axis_rules,
@@ -131,6 +136,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
 
 __all__ = [
     "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
+    "CollectiveBudgetError", "Collectives", "collectives",
     "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",

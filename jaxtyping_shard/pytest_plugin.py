@@ -1,4 +1,5 @@
-"""pytest plugin: forced CPU devices for JAX, and mesh fixtures.
+"""pytest plugin: forced CPU devices for JAX, mesh fixtures, and a budget of
+collectives (the `check_collectives` fixture, `--update-collectives`).
 
 Registered through the `pytest11` entry point, so it is active wherever
 jaxtyping_shard is installed, but it does nothing unless asked: pass
@@ -24,6 +25,7 @@ import pytest
 
 _FLAG = "--xla_force_host_platform_device_count"
 _NOTE = pytest.StashKey[str]()
+_REWRITTEN = pytest.StashKey[list]()
 _SKIP_PREFIX = "jaxtyping_shard mesh fixture: "
 
 
@@ -36,6 +38,14 @@ def pytest_addoption(parser):
         default=None,
         metavar="N",
         help="force N CPU devices for JAX (set before JAX initialises its backends)",
+    )
+    group.addoption(
+        "--update-collectives",
+        dest="update_collectives",
+        action="store_true",
+        default=False,
+        help="rewrite the baselines of collectives that tests hold steps to with "
+        "the check_collectives fixture, instead of comparing with them",
     )
     parser.addini(
         "jax_cpu_devices",
@@ -133,6 +143,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"jaxtyping_shard: {count} {tests} skipped: {reason}", yellow=True
         )
+    rewritten = terminalreporter.config.stash.get(_REWRITTEN, [])
+    if rewritten:
+        terminalreporter.write_line(
+            "jaxtyping_shard: rewrote the baseline of collectives "
+            + ", ".join(sorted(set(rewritten))),
+            yellow=True,
+        )
 
 
 def _devices(count: int):
@@ -192,3 +209,21 @@ def mesh_4x2(request):
 def mesh_2x2x2():
     """A 2x2x2 `('x', 'y', 'z')` mesh with Explicit axes."""
     return make_mesh((2, 2, 2), ("x", "y", "z"), "explicit")
+
+
+@pytest.fixture
+def check_collectives(request):
+    """Holds a step to its budget of collectives: `check_collectives(report,
+    baseline, **bounds)` calls `report.check(baseline, **bounds)` (a report of
+    `jaxtyping_shard.collectives`), or, under `pytest --update-collectives`,
+    rewrites the baseline file for the running JAX release (the other bounds
+    still hold) and names it in the summary.
+    """
+    update = bool(request.config.getoption("update_collectives"))
+
+    def check(report, baseline, **bounds):
+        report.check(baseline, update=update, **bounds)
+        if update:
+            request.config.stash.setdefault(_REWRITTEN, []).append(str(baseline))
+
+    return check

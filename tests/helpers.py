@@ -73,6 +73,27 @@ def no_transfers():
         yield
 
 
+class Compiles:
+    """Counts XLA compiles while in use (JAX's compile event, in this thread's
+    process): `with Compiles() as compiles: ...; assert compiles.count == 1`."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self):
+        self.count = 0
+        self._on = True
+
+        def listen(event, duration, **kwargs):
+            if self._on and event == self.EVENT:
+                self.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        return self
+
+    def __exit__(self, *exc):
+        self._on = False
+
+
 def fetched(x):
     """Whether `x`'s values were ever copied to the host.
 

@@ -15,7 +15,7 @@ from jaxtyping import Array, jaxtyped
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 
-from .helpers import place
+from .helpers import Compiles, place
 
 
 X = Float[Array, "b e", P("data", None)]
@@ -39,26 +39,6 @@ def mesh(request):
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=(request.param,) * 2)
 
 
-class _Compiles:
-    """Counts XLA compiles while in use."""
-
-    EVENT = "/jax/core/compile/backend_compile_duration"
-
-    def __enter__(self):
-        self.count = 0
-        self._on = True
-
-        def listen(event, duration, **kwargs):
-            if self._on and event == self.EVENT:
-                self.count += 1
-
-        jax.monitoring.register_event_duration_secs_listener(listen)
-        return self
-
-    def __exit__(self, *exc):
-        self._on = False
-
-
 def _args(mesh):
     m = Linear(place(mesh, (4, 2), P(None, "model")), place(mesh, (2,), P()))
     return m, place(mesh, (8, 4), P("data", None))
@@ -70,7 +50,7 @@ def test_one_compile_per_signature_and_the_same_values(mesh):
     )
     m, x = _args(mesh)
     want = (np.asarray(x) @ np.asarray(m.w) + np.asarray(m.b)) * 2.0
-    with jax.set_mesh(mesh), _Compiles() as compiles:
+    with jax.set_mesh(mesh), Compiles() as compiles:
         outs = [f(m, x, 2.0) for _ in range(3)]
         assert compiles.count == 1
         for out in outs:

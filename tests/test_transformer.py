@@ -4,7 +4,8 @@
   FSDP and FSDP + tensor parallel on a 4x2 Explicit and Auto mesh, and its losses
   equal those of a run on one device.
 - Its source writes no layout outside the annotations and the one rules table.
-- It runs as a job of 2 processes x 4 devices (`--processes 2`).
+- It runs as a job of 2 processes x 4 devices (`--processes 2`), its step's
+  collectives as in its baseline (`collectives.json`) there too.
 """
 
 import ast
@@ -194,4 +195,9 @@ def test_two_processes():
         for kind in ("explicit", "auto"):
             assert (
                 f"process {i}: fsdp_tp on a {kind} 4x2 mesh (2 process(es))" in output
+            )
+            # The step's collectives match its baseline on 2 processes too.
+            assert (
+                f"process {i}: collectives of the fsdp_tp step on the {kind} mesh "
+                "as in collectives.json" in output
             )

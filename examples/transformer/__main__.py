@@ -55,6 +55,7 @@ def main(argv=None) -> int:
             heartbeat_timeout_seconds=30,
             shutdown_timeout_seconds=30,
         )
+    from .collectives import BASELINE, report
     from .train import train
 
     layouts = ["dp", "fsdp", "fsdp_tp"] if args.layout == "all" else [args.layout]
@@ -77,6 +78,15 @@ def main(argv=None) -> int:
                 f"{shown(reference)} (worst relative difference {worst:.1e})",
                 flush=True,
             )
+            if layout == "fsdp_tp":
+                # The step just compiled: the report compiles nothing again.
+                found = report(kind)
+                found.check(BASELINE)
+                print(
+                    f"{who}collectives of the {layout} step on the {kind} mesh as in "
+                    f"{BASELINE.name}: {found.count} per call",
+                    flush=True,
+                )
     if args.worker is not None:
         print(f"WORKER {args.worker} OK", flush=True)
         jax.distributed.shutdown()

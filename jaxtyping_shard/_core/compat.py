@@ -5,6 +5,7 @@ and what differs across it are listed in docs/compat.md; CI tests both ends.
 """
 
 import importlib
+import os
 import re
 from typing import Any
 
@@ -24,6 +25,10 @@ try:
     from jax._src.core import trace_state_clean as _trace_state_clean
 except ImportError:  # pragma: no cover - a JAX without it
     _trace_state_clean = None
+try:
+    from jax._src import source_info_util as _source_info_util
+except ImportError:  # pragma: no cover - a JAX without it
+    _source_info_util = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -152,3 +157,28 @@ def walk_custom_calls(operation: Any, callback: Any) -> None:
         operation.walk(callback, ir.WalkOrder.PRE_ORDER, op_class=hlo.CustomCallOp)
     else:
         operation.walk(callback, ir.WalkOrder.PRE_ORDER)
+
+
+def hlo_stack_frames_usable() -> bool:
+    """Whether a compiled module's stack-frame tables match the `stack_frame_id`s
+    of its op metadata: from JAX 0.9. JAX 0.8 writes ids that point elsewhere in
+    its tables, and inline the one frame it takes for the user's."""
+    return JAX_VERSION >= (0, 9)
+
+
+def hide_from_jax_source_info(directory: str) -> None:
+    """Makes JAX's guess of an op's user frame skip the files under `directory`.
+
+    Only where a compiled module's only reliable source is that guess (JAX 0.8,
+    see `hlo_stack_frames_usable`): there, an op made inside this package (an
+    all-gather by `jts.reshard`) would otherwise be placed in this package, not
+    at the user's line. Later releases keep every frame, this package's
+    included (they tell an annotated function by its checker's frames). Through
+    JAX's private `source_info_util.register_exclusion`, as JAX excludes its own
+    files; without it, nothing is hidden.
+    """
+    if not hlo_stack_frames_usable() and _source_info_util is not None:
+        _source_info_util.register_exclusion(directory)
+
+
+hide_from_jax_source_info(os.path.dirname(os.path.dirname(__file__)) + os.sep)

@@ -39,6 +39,16 @@ class PlacementError(ValueError):
     """
 
 
+class CollectiveBudgetError(AssertionError):
+    """A compiled step whose collectives exceed its budget.
+
+    Raised by [`jaxtyping_shard.Collectives.check`][]: a collective whose line is
+    not in the saved baseline, or that moves more than the baseline says; total
+    bytes over a bound; a collective a `forbid` selection selects. The message
+    names the line of each (an `AssertionError`, so a test fails on it).
+    """
+
+
 class ShardingWarning(UserWarning):
     """A sharding mismatch reported in mode `"warn"`, instead of an error.
 
@@ -49,6 +59,7 @@ class ShardingWarning(UserWarning):
 
 
 for _cls in (
+    CollectiveBudgetError,
     PlacementError,
     ShardingAnnotationError,
     ShardingTypeCheckError,

@@ -16,7 +16,16 @@ import jax
 
 
 _PACKAGE = __name__.partition(".")[0]  # `jaxtyping_shard`, whose every file is skipped
-_LIBRARIES = ("jaxtyping", "beartype", "typeguard", "jax", "equinox")
+_LIBRARIES = (
+    "jaxtyping",
+    "beartype",
+    "typeguard",
+    "jax",
+    "equinox",
+    "flax",
+    "optax",
+    "chex",
+)
 
 
 def _skip_dirs() -> tuple[str, ...]:
@@ -60,7 +69,8 @@ class Site:
 
 
 def is_library_file(filename: str) -> bool:
-    """Whether a frame's file belongs to this library, jaxtyping, a checker or JAX."""
+    """Whether a frame's file belongs to this library, jaxtyping, a checker, JAX or
+    a library built on it (Equinox, Flax, optax, chex)."""
     if filename.startswith("<"):
         return True
     # The demo is this package's own user code: its lines are the ones to show.

@@ -66,7 +66,7 @@ class Explanation:
             table.append(_cells(row))
         table.append(
             ("total", "", "", "", "")
-            + (_bytes(self.bytes_per_device), _bytes(self.bytes_replicated))
+            + (format_bytes(self.bytes_per_device), format_bytes(self.bytes_replicated))
         )
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         lines = [head]
@@ -93,7 +93,8 @@ def _sum(values: Any) -> Optional[int]:
     return total
 
 
-def _bytes(n: Optional[int]) -> str:
+def format_bytes(n: Optional[int]) -> str:
+    """`1.5 KiB`: a size as tables print it (`?` when unknown)."""
     if n is None:
         return "?"
     if n < 1024:
@@ -123,7 +124,10 @@ def _cells(row: Row) -> tuple:
     if row.spec is None:
         shard, per, rep = "-", "-", "-"
     else:
-        per, rep = _bytes(row.bytes_per_device), _bytes(row.bytes_replicated)
+        per, rep = (
+            format_bytes(row.bytes_per_device),
+            format_bytes(row.bytes_replicated),
+        )
     return (row.path, row.dims, logical, axes, shard or "()", per, rep)
 
 

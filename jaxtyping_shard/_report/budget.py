@@ -1,0 +1,278 @@
+"""The budget of a report of collectives: selections, the baseline file, the
+checks, and the table.
+
+The baseline is a JSON file with one entry per (kind, mesh axes, source line,
+annotated function): how many arrays that line makes a collective move per
+call, and how many bytes. A line is named by its file's name and its stripped
+text (`model.py: q = project(x, ...)`), with `#k` when the same text is the
+k-th of several in that file, never by its number, so that an edit above it
+changes nothing. What XLA decides on its own (which collectives to merge, their
+order, their names) is not in the file, so it is the same on Explicit and Auto
+meshes and on any number of processes when the program is the same.
+"""
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, Union
+
+import jax
+
+from .._core import compat as _compat, mesh as _mesh
+from .._core.errors import CollectiveBudgetError
+from . import hlo as _hlo
+from .explain import format_bytes
+from .table import NO_SOURCE
+
+
+FORMAT = "jaxtyping_shard collectives baseline 1"
+_UPDATE = (
+    "If the change is meant, rewrite the baseline: `pytest --update-collectives` "
+    "(the `check_collectives` fixture), or `report.save({path!r})`."
+)
+
+
+def _names(value: Union[str, Iterable[str], None], what: str) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    names = frozenset([value] if isinstance(value, str) else value)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what}: expected a name or names, got {value!r}")
+    return names
+
+
+def _in_function(part: Any, functions: frozenset[str]) -> bool:
+    """Whether a part's line is in one of `functions`: the function holding the
+    line, or the nearest annotated function around it (by qualified name or its
+    last part)."""
+    source = part.source
+    if source is None:
+        return False
+    return any(
+        name and (name in functions or name.rpartition(".")[2] in functions)
+        for name in (source.function, source.annotated)
+    )
+
+
+def select(
+    rows: Iterable[Any], mesh: Any, kind: Any, axes: Any, inside: Any, outside: Any
+) -> list:
+    kinds, over = _names(kind, "kind"), _names(axes, "axes")
+    ins, outs = _names(inside, "inside"), _names(outside, "outside")
+    unknown = kinds - set(_hlo.KINDS)
+    if unknown:
+        raise ValueError(
+            f"where(kind=...): {sorted(unknown)} is not a collective XLA emits; "
+            f"the kinds are {', '.join(_hlo.KINDS)}"
+        )
+    if (ins or outs) and not _compat.hlo_stack_frames_usable():
+        raise ValueError(
+            "where(inside=..., outside=...): selecting by function needs the frames "
+            f"that JAX >= 0.9 keeps in a compiled program; JAX {jax.__version__} "
+            "keeps one line per operation, without its function. Select by kind "
+            "and axes here, or upgrade JAX."
+        )
+    if over and mesh is not None and not over <= set(mesh.axis_names):
+        raise ValueError(
+            f"where(axes=...): {sorted(over - set(mesh.axis_names))} is not an axis "
+            f"of the mesh {_mesh.format_mesh(mesh)}"
+        )
+    out = []
+    for row in rows:
+        if (kinds and row.kind not in kinds) or not over <= set(row.axes):
+            continue
+        parts = tuple(
+            p
+            for p in row.parts
+            if (not ins or _in_function(p, ins))
+            and not (outs and _in_function(p, outs))
+        )
+        if not parts:
+            continue
+        if len(parts) < len(row.parts):
+            row = row._replace(parts=parts, bytes=sum(p.bytes for p in parts))
+        out.append(row)
+    return out
+
+
+def entries(report: Any) -> dict[tuple, dict]:
+    """The baseline's entries of a report, by key."""
+    out: dict[tuple, dict] = {}
+    for row in report.rows:
+        runs = row.executions
+        for part in row.parts:
+            source = part.source
+            where = NO_SOURCE if source is None else source.where
+            function = "" if source is None else source.annotated or source.function
+            key = (row.kind, row.over, where, function)
+            entry = out.setdefault(
+                key,
+                {
+                    "kind": row.kind,
+                    "over": row.over,
+                    "where": where,
+                    "in": function,
+                    "arrays": 0,
+                    "bytes": 0,
+                },
+            )
+            entry["arrays"] += runs
+            entry["bytes"] += part.bytes
+    return dict(sorted(out.items()))
+
+
+def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
+    """Writes this JAX release's section of the baseline at `path`, keeping the
+    sections of other releases."""
+    sections = load(path)["jax"] if os.path.exists(path) else {}
+    found = list(entries(report).values())
+    sections[jax.__version__] = {
+        "mesh": _mesh.sizes(report.mesh) if report.mesh is not None else {},
+        "arrays": sum(e["arrays"] for e in found),
+        "bytes": sum(e["bytes"] for e in found),
+        "collectives": found,
+    }
+    lines = [
+        "{",
+        f' "format": "{FORMAT}",',
+        f' "function": {json.dumps(report.function)},',
+    ]
+    lines.append(' "jax": {')
+    versions = sorted(sections, key=_compat._version)
+    for i, version in enumerate(versions):
+        section = dict(sections[version])
+        listed = section.pop("collectives")
+        head = json.dumps(section)[:-1] + ', "collectives": ['
+        lines.append(f"  {json.dumps(version)}: {head}")
+        lines += [
+            "   " + json.dumps(e) + ("," if j < len(listed) - 1 else "")
+            for j, e in enumerate(listed)
+        ]
+        lines.append("  ]}" + ("," if i < len(versions) - 1 else ""))
+    lines += [" }", "}"]
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def load(path: Union[str, "os.PathLike[str]"]) -> dict:
+    with open(path, encoding="utf-8") as file:
+        data = json.load(file)
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or not isinstance(data.get("jax"), dict)
+    ):
+        raise ValueError(
+            f"{os.fspath(path)} is not a baseline of collectives ({FORMAT!r}, "
+            "written by `Collectives.save`)"
+        )
+    return data
+
+
+def _at(report: Any, key: tuple) -> str:
+    """The line of a key as it is now: `model.py:111 in `f`: text`."""
+    for row in report.rows:
+        for part in row.parts:
+            source = part.source
+            if source is not None and (row.kind, row.over, source.where) == key[:3]:
+                return str(source)
+    return key[2]
+
+
+def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
+    """What is new or grown in `report` over the baseline at `path`."""
+    if not os.path.exists(path):
+        return [
+            f"no baseline at {os.fspath(path)}: write it with "
+            f"`report.save({os.fspath(path)!r})` or `pytest --update-collectives`"
+        ]
+    sections = load(path)["jax"]
+    section = sections.get(jax.__version__)
+    if section is None:
+        return [
+            f"no baseline for JAX {jax.__version__} in {os.fspath(path)} (it holds "
+            f"{', '.join(sorted(sections, key=_compat._version)) or 'none'}): "
+            "each JAX release compiles and annotates a step its own way; add its "
+            f"section with `report.save({os.fspath(path)!r})` or "
+            "`pytest --update-collectives`"
+        ]
+    old = {
+        (e["kind"], e["over"], e["where"], e["in"]): e for e in section["collectives"]
+    }
+    problems = []
+    now_mesh = _mesh.sizes(report.mesh) if report.mesh is not None else {}
+    if section.get("mesh") != now_mesh:
+        problems.append(
+            f"the baseline was taken on mesh {section.get('mesh')}, this report on "
+            f"{now_mesh}"
+        )
+    for key, entry in entries(report).items():
+        line = _at(report, key)
+        what = f"{entry['kind']} over {entry['over'] or '-'}"
+        before = old.get(key)
+        if before is None:
+            problems.append(
+                f"new: {what}, {_arrays(entry['arrays'])}, "
+                f"{format_bytes(entry['bytes'])} per device, at {line}"
+            )
+        elif entry["arrays"] > before["arrays"] or entry["bytes"] > before["bytes"]:
+            problems.append(
+                f"grown: {what} at {line}: {_arrays(before['arrays'])} -> "
+                f"{_arrays(entry['arrays'])}, {format_bytes(before['bytes'])} -> "
+                f"{format_bytes(entry['bytes'])} per device"
+            )
+    return problems
+
+
+def _arrays(n: int) -> str:
+    return f"{n} array" + ("" if n == 1 else "s")
+
+
+def check(
+    report: Any,
+    baseline: Any,
+    max_bytes: Optional[int],
+    forbid: Iterable[Mapping[str, Any]],
+    update: bool,
+) -> None:
+    problems: list[str] = []
+    if baseline is not None:
+        if update:
+            save(report, baseline)
+        else:
+            problems += against(report, baseline)
+    if max_bytes is not None and report.bytes > max_bytes:
+        largest = sorted(entries(report).values(), key=lambda e: -e["bytes"])[:3]
+        problems.append(
+            f"{format_bytes(report.bytes)} per device per call, over the bound of "
+            f"{format_bytes(max_bytes)}; the largest: "
+            + "; ".join(
+                f"{e['kind']} over {e['over'] or '-'} at {e['where']} "
+                f"({format_bytes(e['bytes'])})"
+                for e in largest
+            )
+        )
+    for selection in forbid:
+        if not isinstance(selection, Mapping):
+            raise TypeError(
+                "check(forbid=...): each item is a dict of `where`'s keywords, "
+                f"like {{'kind': 'all-gather', 'axes': 'data'}}; got {selection!r}"
+            )
+        chosen = report.where(**selection)
+        said = ", ".join(f"{k}={v!r}" for k, v in selection.items())
+        for row in chosen.rows:
+            for source in row.sources or (None,):
+                problems.append(
+                    f"forbidden ({said}): {row.kind} over {row.over or '-'}, at "
+                    f"{source if source is not None else NO_SOURCE}"
+                )
+    if problems:
+        where = f" (baseline {os.fspath(baseline)})" if baseline is not None else ""
+        lines = [
+            f"`{report.function}`: {len(problems)} problem(s) with its collectives "
+            f"on mesh {_mesh.format_mesh(report.mesh)}{where}:"
+        ]
+        lines += [f"  {i}. {p}" for i, p in enumerate(problems, 1)]
+        if baseline is not None:
+            lines.append(_UPDATE.format(path=os.fspath(baseline)))
+        raise CollectiveBudgetError("\n".join(lines))

@@ -1,0 +1,300 @@
+"""`collectives`: the collectives of a compiled step, each with the line that
+caused it.
+
+Lowers and compiles the function for the given arguments through JAX's own
+caches (a step already called compiles nothing again; nothing runs, no data
+moves), reads the collectives from the compiled module (`hlo.py`), maps each
+one's device groups back to the mesh's axis names and each operand to the
+user's line and the nearest annotated function (`sources.py`).
+"""
+
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Union
+
+import jax
+
+from . import budget as _budget, groups as _groups, hlo as _hlo, table as _table
+from .sources import Resolver, Source, Sources
+
+
+class Part(NamedTuple):
+    """One array a collective moves (several when XLA merged collectives)."""
+
+    shape: str  # as JAX prints it: `float32[64,32]`, the operand on each device
+    bytes: int  # each device receives (and sends), over one call of the step
+    source: Optional[Source]  # None: XLA added it for a layout (no source)
+
+
+class Collective(NamedTuple):
+    """One collective instruction of the compiled program."""
+
+    kind: str  # `all-gather`, `all-reduce`, `reduce-scatter`, `all-to-all`, ...
+    axes: tuple[str, ...]  # the mesh axes it runs over
+    over: str  # the axes in words: `data`, `data+model`, `data (2 of 4)`
+    group_size: int  # devices per group
+    bytes: int  # each device receives (and sends), over one call: all parts
+    executions: int  # times one call runs it (loop trip counts multiplied)
+    parts: tuple[Part, ...]
+    name: str  # the HLO instruction
+    unknown_trips: bool = False  # in a loop XLA knows no trip count of: one run
+
+    @property
+    def layout_only(self) -> bool:
+        """Added by XLA for an input's or output's layout: no source line."""
+        return all(p.source is None for p in self.parts)
+
+    @property
+    def merged(self) -> bool:
+        """Several operands in one instruction (XLA may merge collectives)."""
+        return len(self.parts) > 1
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """Each distinct source line of its parts, in order (a line reached
+        through several calls, once)."""
+        seen: dict[str, Source] = {}
+        for part in self.parts:
+            if part.source is not None:
+                seen.setdefault(str(part.source), part.source)
+        return tuple(seen.values())
+
+
+@dataclass(frozen=True)
+class Total:
+    """Collectives of one kind (or over one set of axes), per call of the step."""
+
+    count: int  # collectives run
+    bytes: int  # each device receives (and sends)
+
+
+class Collectives:
+    """What [`jaxtyping_shard.collectives`][] returns: rows to assert on, a table
+    when printed, totals per kind and per mesh axes, and a budget to hold."""
+
+    def __init__(self, rows: Iterable[Collective], function: str, mesh: Any):
+        self.rows: tuple[Collective, ...] = tuple(rows)
+        self.function = function
+        self.mesh = mesh
+
+    @property
+    def count(self) -> int:
+        """Collectives run per call."""
+        return sum(r.executions for r in self.rows)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes each device receives (and sends) over one call."""
+        return sum(r.bytes for r in self.rows)
+
+    def by_kind(self) -> dict[str, Total]:
+        """Totals per kind (`all-gather`, `all-reduce`, ...)."""
+        return self._totals(lambda r: r.kind)
+
+    def by_axes(self) -> dict[str, Total]:
+        """Totals per combination of mesh axes (`data`, `data+model`)."""
+        return self._totals(lambda r: r.over)
+
+    def _totals(self, key: Callable[[Collective], str]) -> dict[str, Total]:
+        out: dict[str, Total] = {}
+        for row in self.rows:
+            total = out.get(key(row), Total(0, 0))
+            out[key(row)] = Total(total.count + row.executions, total.bytes + row.bytes)
+        return dict(sorted(out.items()))
+
+    def where(
+        self,
+        kind: Union[str, Iterable[str], None] = None,
+        axes: Union[str, Iterable[str], None] = None,
+        inside: Union[str, Iterable[str], None] = None,
+        outside: Union[str, Iterable[str], None] = None,
+    ) -> "Collectives":
+        """The collectives of these kinds, running over all of these axes, whose
+        parts come from lines inside (or outside) these functions.
+
+        A function is named by its qualified name (`Attention.__call__`) or its
+        last part (`__call__`). A line is inside the function that holds it and
+        inside the nearest annotated function around it (`Source.function`,
+        `Source.annotated`), not inside their callers: the rule "no all-gather
+        over `data` outside the functions that gather weights" flags one made in
+        a function they call. A part with no source is outside every function.
+        Selecting by function needs JAX >= 0.9 (JAX 0.8 keeps no functions).
+        """
+        return Collectives(
+            _budget.select(self.rows, self.mesh, kind, axes, inside, outside),
+            self.function,
+            self.mesh,
+        )
+
+    def check(
+        self,
+        baseline: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        max_bytes: Optional[int] = None,
+        forbid: Iterable[Mapping[str, Any]] = (),
+        update: bool = False,
+    ) -> None:
+        """Holds the step to its budget; raises
+        [`jaxtyping_shard.CollectiveBudgetError`][] naming every line over it.
+
+        **Arguments:**
+
+        - `baseline`: a JSON file written by `save`: every collective whose line
+            is not in it, or that moves more tensors or bytes than it says, fails.
+        - `max_bytes`: a bound on the bytes each device receives per call.
+        - `forbid`: selections as `where` takes them (`{"kind": "all-gather",
+            "axes": "data", "outside": ["gather"]}`): any collective they
+            select fails.
+        - `update`: write the baseline instead of comparing with it (the other
+            bounds still hold).
+        """
+        _budget.check(self, baseline, max_bytes, forbid, update)
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the baseline that `check` compares with (readable JSON)."""
+        _budget.save(self, path)
+
+    def __str__(self) -> str:
+        return _table.table(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+Collectives.__module__ = "jaxtyping_shard"
+
+
+def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
+    """The collectives of `fn`'s compiled program for these arguments, each with
+    the line that caused it.
+
+    Nothing runs and no data moves: `fn` is lowered and compiled through JAX's
+    caches (a step that was already called is not compiled again). Arrays may be
+    given as `jax.ShapeDtypeStruct`s with shardings.
+
+    !!! Example
+
+        ```python
+        report = jts.collectives(train_step, params, opt, batch)
+        print(report)  # one row per collective: kind, axes, bytes, line
+        assert report.where(kind="all-gather", axes="data").count == 9
+        report.check("collectives.json", max_bytes=2**20)
+        ```
+
+    **Arguments:**
+
+    - `fn`: a `jax.jit` or `jaxtyping_shard.jit` object, a plain function
+        (compiled with `jax.jit`), or a `Lowered` / `Compiled` stage.
+    - `*args`, `**kwargs`: what `fn` would be called with.
+
+    **Returns:**
+
+    A [`jaxtyping_shard.Collectives`][]: `rows` (kind, mesh axes, bytes per
+    device per call, and per part its shape and source: the first line outside
+    the libraries and the nearest enclosing annotated function), a table when
+    printed, totals `by_kind()` / `by_axes()`, `where(...)` and `check(...)`.
+    """
+    compiled = _compile(fn, args, kwargs)
+    mesh = _groups.mesh_of(compiled)
+    text = compiled.as_text()
+    found, graph = _hlo.read(text)
+    (module,) = compiled.runtime_executable().hlo_modules()[:1]
+    sources = Sources(module.as_serialized_hlo_module_proto(), graph.computations)
+    partitions = mesh.size if mesh is not None else _groups.num_partitions(text)
+    coords = _groups.coordinates(mesh)
+    resolver = Resolver()
+    rows = []
+    for raw in found:
+        axes, over, size = _groups.axes(
+            raw.kind, raw.groups, raw.pairs, coords, mesh, partitions
+        )
+        parts = tuple(
+            Part(
+                _shape(operand),
+                _moved(raw.kind, operand.bytes, size) * raw.executions,
+                resolver.source(sources.stack_for(raw.name, operand.name, graph)),
+            )
+            for operand in raw.operands
+        )
+        rows.append(
+            Collective(
+                raw.kind,
+                axes,
+                over,
+                size,
+                sum(p.bytes for p in parts),
+                raw.executions,
+                parts,
+                raw.name,
+                raw.unknown_trips,
+            )
+        )
+    rows.sort(key=_order)
+    return Collectives(rows, _name(fn), mesh)
+
+
+_jitted: "weakref.WeakKeyDictionary[Callable, Any]" = weakref.WeakKeyDictionary()
+
+
+def _compile(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    if isinstance(fn, jax.stages.Compiled):
+        return fn
+    if isinstance(fn, jax.stages.Lowered):
+        return fn.compile()
+    lower: Any = getattr(fn, "lower", None)
+    if lower is None and not callable(fn):
+        raise TypeError(
+            "collectives: expected a function, a `jax.jit` or `jaxtyping_shard.jit` "
+            f"object, or a `Lowered` / `Compiled` stage; got {type(fn).__name__} "
+            f"{fn!r}. Pass the step itself and its arguments: "
+            "`jts.collectives(step, *args)`."
+        )
+    if lower is None:
+        # A plain function: one `jax.jit` kept per function, so that a second
+        # report on it finds JAX's trace cache too.
+        try:
+            jitted = _jitted.get(fn)
+            if jitted is None:
+                jitted = _jitted[fn] = jax.jit(fn)
+        except TypeError:  # not weakly referenceable
+            jitted = jax.jit(fn)
+        lower = jitted.lower
+    return lower(*args, **kwargs).compile()
+
+
+def _name(fn: Any) -> str:
+    for owner in (fn, getattr(fn, "__wrapped__", None)):
+        name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return type(fn).__name__
+
+
+def _moved(kind: str, size: int, n: int) -> int:
+    """Bytes each device receives for one operand of `size` bytes on it, with
+    the bandwidth-optimal (ring) algorithms, which send as much."""
+    if kind == "all-gather":
+        return size * (n - 1)  # the others' shards
+    if kind == "all-reduce":
+        return 2 * size * (n - 1) // n  # a reduce-scatter, then an all-gather
+    if kind in ("reduce-scatter", "all-to-all", "ragged-all-to-all"):
+        return size * (n - 1) // n
+    return size  # collective-permute, collective-broadcast: one buffer
+
+
+def _shape(operand: _hlo.Operand) -> str:
+    dims = ",".join(str(d) for d in operand.dims)
+    return f"{_hlo.jax_dtype(operand.dtype)}[{dims}]"
+
+
+def _order(row: Collective) -> tuple:
+    first = row.sources[0] if row.sources else None
+    return (
+        row.kind,
+        row.axes,
+        first is None,
+        (first.file, first.line) if first else ("", 0),
+        row.name,
+    )

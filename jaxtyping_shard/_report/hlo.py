@@ -1,0 +1,260 @@
+"""The collectives of a compiled module, read from its HLO text.
+
+For each collective instruction reachable from the entry computation: its kind,
+the operands it moves (their shapes), the device groups it runs over (as
+partition ids: positions in the executable's device assignment), and how many
+times one call of the program runs it (the trip counts of the `while` loops
+around it). Nothing here knows about meshes or source lines.
+
+The text is XLA's, which changes across releases (its device groups are read
+in `groups.py`); an instruction whose groups cannot be read keeps
+`groups=None` (reported, never dropped). Only the computations that run are
+parsed: the bodies of fusions, most of the text, hold no collective.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from . import groups as _groups
+
+
+# The kinds XLA emits (with `-start` for the asynchronous forms; `-done` halves
+# move nothing and are skipped).
+KINDS = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+)
+
+_BITS = {
+    "pred": 8,
+    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
+}  # fmt: skip
+_NUMPY = {"pred": "bool", "bf16": "bfloat16", "c64": "complex64", "c128": "complex128"}
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_OPCODE = re.compile(r"\s([a-z][a-z0-9-]*)\(")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]+m[0-9]+[a-z]*)?)\[([^\]]*)\]")
+_CALLS = re.compile(
+    r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What a collective moves for one of its operands."""
+
+    name: str  # the instruction that defines it
+    dtype: str  # XLA's element type, `f32`
+    dims: tuple[int, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RawCollective:
+    """One collective instruction, as the module says it."""
+
+    name: str
+    kind: str  # one of KINDS
+    computation: str
+    operands: tuple[Operand, ...]
+    groups: _groups.Groups  # partition ids; None: unread
+    pairs: tuple[tuple[int, int], ...]  # collective-permute's (source, target)
+    executions: int  # per call of the program (trip counts multiplied)
+    unknown_trips: bool  # inside a loop whose trip count XLA does not know
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    shape: str
+    opcode: str
+    operands: tuple[str, ...]
+    attributes: str
+
+
+class _Module:
+    """A module's text split into its computations, each parsed when first
+    asked for: the bodies of fusions, most of the text, never are."""
+
+    def __init__(self, text: str):
+        self.entry: Optional[str] = None
+        self._lines: dict[str, list[str]] = {}
+        self._parsed: dict[str, list[Instruction]] = {}
+        current: Optional[list[str]] = None
+        for line in text.splitlines():
+            if line.startswith((" ", "\t")):
+                if current is not None:
+                    current.append(line)
+                continue
+            header = _HEADER.match(line)
+            current = None
+            if header is not None:
+                current = self._lines[header.group(2)] = []
+                if header.group(1):
+                    self.entry = header.group(2)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._lines
+
+    def body(self, name: str) -> list[Instruction]:
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            found = (_instruction(line) for line in self._lines.get(name, ()))
+            parsed = self._parsed[name] = [i for i in found if i is not None]
+        return parsed
+
+
+def _instruction(line: str) -> Optional[Instruction]:
+    match = _INSTRUCTION.match(line)
+    if match is None:
+        return None
+    rest = match.group(2)
+    opcode = _OPCODE.search(rest)
+    if opcode is None:
+        return None
+    start = opcode.end()
+    end = _groups.closing(rest, start - 1)
+    return Instruction(
+        match.group(1),
+        rest[: opcode.start()].strip(),
+        opcode.group(1),
+        tuple(re.findall(r"%([\w.\-]+)", rest[start:end])),
+        rest[end + 1 :],
+    )
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """`[(dtype, dims), ...]` of a shape, a tuple's elements in order."""
+    out = []
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype == "token":
+            continue
+        sizes = tuple(int(d.lstrip("<=")) for d in dims.split(",") if d.strip())
+        out.append((dtype, sizes))
+    return out
+
+
+def nbytes(dtype: str, dims: tuple[int, ...]) -> int:
+    bits = _BITS.get(dtype)
+    if bits is None:  # the float8 family and others XLA may add: 8 bits or less
+        bits = 8
+    return (math.prod(dims) * bits + 7) // 8
+
+
+def jax_dtype(dtype: str) -> str:
+    """XLA's element type in JAX's words (`f32` -> `float32`)."""
+    if dtype in _NUMPY:
+        return _NUMPY[dtype]
+    match = re.fullmatch(r"([sufc])(\d+)(.*)", dtype)
+    if match is None:
+        return dtype
+    kind = {"s": "int", "u": "uint", "f": "float", "c": "complex"}[match.group(1)]
+    rest = match.group(3)
+    return f"{kind}{match.group(2)}{'_' + rest if rest else ''}"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Which instructions each one uses and is used by, by name, in the
+    computations that run (`computations`: fusion bodies left out)."""
+
+    operands: dict[str, tuple[str, ...]]
+    users: dict[str, tuple[str, ...]]
+    computations: frozenset[str] = frozenset()
+
+
+def read(text: str) -> tuple[list[RawCollective], Graph]:
+    """The collectives of the module reachable from its entry, and the graph of
+    the computations that run them (to follow a collective's inputs back, or its
+    result on)."""
+    module = _Module(text)
+    if module.entry is None:
+        return [], Graph({}, {})
+    runs, unknown = _executions(module, module.entry)
+    operands: dict[str, tuple[str, ...]] = {}
+    users: dict[str, list[str]] = {}
+    found = []
+    for computation in runs:
+        body = module.body(computation)
+        shapes = {i.name: i.shape for i in body}
+        for instruction in body:
+            operands[instruction.name] = instruction.operands
+            for operand in instruction.operands:
+                users.setdefault(operand, []).append(instruction.name)
+            kind = _kind(instruction.opcode)
+            if kind is None:
+                continue
+            moved = tuple(
+                Operand(name, dtype, dims, nbytes(dtype, dims))
+                for name in instruction.operands
+                for dtype, dims in arrays(shapes.get(name, ""))
+            )
+            found.append(
+                RawCollective(
+                    instruction.name,
+                    kind,
+                    computation,
+                    moved,
+                    _groups.groups(instruction.attributes),
+                    _groups.pairs(instruction.attributes),
+                    runs[computation],
+                    computation in unknown,
+                )
+            )
+    return found, Graph(
+        operands, {k: tuple(v) for k, v in users.items()}, frozenset(runs)
+    )
+
+
+def _kind(opcode: str) -> Optional[str]:
+    if opcode.endswith("-done"):
+        return None
+    base = opcode[: -len("-start")] if opcode.endswith("-start") else opcode
+    return base if base in KINDS else None
+
+
+def _executions(module: _Module, entry: str) -> tuple[dict[str, int], set[str]]:
+    """How many times one call runs each computation reachable from the entry
+    (`while` bodies: their known trip count), and those inside a loop of
+    unknown trip count (counted once)."""
+    runs: dict[str, int] = {}
+    unknown: set[str] = set()
+    stack = [(entry, 1, False)]
+    while stack:
+        computation, times, loose = stack.pop()
+        runs[computation] = runs.get(computation, 0) + times
+        if loose:
+            unknown.add(computation)
+        for instruction in module.body(computation):
+            if instruction.opcode == "fusion":
+                continue  # a fusion's body holds no collective
+            callees = [c for _, c in _CALLS.findall(instruction.attributes)]
+            for branches in _BRANCHES.findall(instruction.attributes):
+                callees += re.findall(r"%?([\w.\-]+)", branches)
+            factor, inner_loose = 1, loose
+            if instruction.opcode == "while":
+                trip = _TRIP.search(instruction.attributes)
+                if trip is None:
+                    inner_loose = True
+                else:
+                    factor = int(trip.group(1))
+            if instruction.opcode not in ("while", "call", "conditional") and not (
+                instruction.opcode.startswith("async")
+            ):
+                continue  # `to_apply` of a reduction: a scalar function
+            for callee in callees:
+                if callee in module:
+                    stack.append((callee, times * factor, inner_loose))
+    return runs, unknown

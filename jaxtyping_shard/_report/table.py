@@ -1,0 +1,71 @@
+"""A report of collectives as a table: a row per collective, a sub-row per
+source line of a merged one, and the totals."""
+
+from typing import Any
+
+from .._core import mesh as _mesh
+from .explain import format_bytes
+
+
+NO_SOURCE = "(no source: XLA moved it for a layout of the inputs or outputs)"
+
+
+def describe(source: Any) -> str:
+    """A part's source in words: its line, or that it has none."""
+    return NO_SOURCE if source is None else str(source)
+
+
+def table(report: Any) -> str:
+    head = (
+        f"collectives of `{report.function}` on mesh "
+        f"{_mesh.format_mesh(report.mesh)}: {report.count} per call, "
+        f"{format_bytes(report.bytes)} per device"
+    )
+    cells = [("kind", "over", "bytes/device", "array", "line")]
+    for row in report.rows:
+        kind = row.kind + (f" x{row.executions}" if row.executions > 1 else "")
+        if row.unknown_trips:
+            kind += " (per loop step)"
+        groups = _by_source(row.parts)
+        if len(groups) == 1:
+            ((source, parts),) = groups
+            shape = parts[0].shape if len(parts) == 1 else f"{len(parts)} arrays"
+            cells.append(
+                (
+                    kind,
+                    row.over or "-",
+                    format_bytes(row.bytes),
+                    shape,
+                    describe(source),
+                )
+            )
+            continue
+        cells.append(
+            (kind, row.over or "-", format_bytes(row.bytes), f"{len(row.parts)} "
+             "arrays", f"merged by XLA from {len(groups)} lines:")
+        )  # fmt: skip
+        for source, parts in groups:
+            shape = parts[0].shape if len(parts) == 1 else f"{len(parts)} arrays"
+            size = format_bytes(sum(p.bytes for p in parts))
+            cells.append(("", "", "  " + size, shape, "  " + describe(source)))
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    lines = [head]
+    for i, c in enumerate(cells):
+        lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths)) + "  " + c[4])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  ----")
+    for name, totals in (("by kind", report.by_kind()), ("by axes", report.by_axes())):
+        said = ", ".join(
+            f"{k or '-'} {t.count} ({format_bytes(t.bytes)})" for k, t in totals.items()
+        )
+        lines.append(f"{name}: {said or 'none'}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _by_source(parts: tuple) -> list:
+    """Parts grouped by the line they come from, as printed (a line reached
+    through several calls is one line)."""
+    groups: dict[str, tuple[Any, list]] = {}
+    for part in parts:
+        groups.setdefault(describe(part.source), (part.source, []))[1].append(part)
+    return list(groups.values())
