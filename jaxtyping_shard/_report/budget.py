@@ -21,8 +21,8 @@ import jax
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
 from . import hlo as _hlo
-from .explain import format_bytes
 from .table import NO_SOURCE
+from .text import format_bytes
 
 
 FORMAT = "jaxtyping_shard collectives baseline 1"

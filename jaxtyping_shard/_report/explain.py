@@ -21,6 +21,7 @@ from .._layout.spec import has_sharding, is_variadic, LogicalLayout, sharded_mem
 from .._rules import scope as _rules
 from .._trees import paths as _paths, walk as _tree
 from .._trees.stacked import stacked_prefixes
+from .text import format_bytes
 
 
 class Row(NamedTuple):
@@ -91,20 +92,6 @@ def _sum(values: Any) -> Optional[int]:
             return None
         total += v
     return total
-
-
-def format_bytes(n: Optional[int]) -> str:
-    """`1.5 KiB`: a size as tables print it (`?` when unknown)."""
-    if n is None:
-        return "?"
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024 or unit == "GiB":
-            break
-    return f"{size:.1f} {unit}"
 
 
 def _cells(row: Row) -> tuple:

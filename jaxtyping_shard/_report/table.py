@@ -4,7 +4,7 @@ source line of a merged one, and the totals."""
 from typing import Any
 
 from .._core import mesh as _mesh
-from .explain import format_bytes
+from .text import format_bytes
 
 
 NO_SOURCE = "(no source: XLA moved it for a layout of the inputs or outputs)"
