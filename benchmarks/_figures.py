@@ -14,6 +14,8 @@ from typing import Any, TextIO
 import _collectives  # beside this file, as _timing
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
+import _preflight_cost  # beside this file
+import _scaling  # beside this file
 import _transformer  # beside this file
 import _tree_figures  # beside this file
 import jax
@@ -371,6 +373,8 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("jit, tree", lambda: _tree_figures.jit_tree_figures(settings)),
         ("transformer step", lambda: _transformer.figures(settings)),
         ("collectives", lambda: _collectives.figures(settings)),
+        ("how the cost grows", lambda: _scaling.figures(settings)),
+        ("preflight cost", lambda: _preflight_cost.figures(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

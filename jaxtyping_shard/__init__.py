@@ -37,6 +37,8 @@ from ._report.collectives import (
     collectives as collectives,
 )
 from ._report.explain import explain as explain, Explanation as Explanation
+from ._report.memory import PreflightReport as PreflightReport
+from ._report.preflight import preflight as preflight
 from ._rules.scope import (
     axis_rules as axis_rules,
     get_axis_rules as get_axis_rules,
@@ -140,13 +142,13 @@ __all__ = [
     "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
-    "Logical", "Num", "PlacementError", "Real", "Shaped",
+    "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
     "abstract",
     "axis_rules", "check_tree", "explain", "format_spec", "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
-    "place_for", "reshard", "set_axis_rules", "set_mode", "sharded_init",
+    "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
 ]  # fmt: skip
 

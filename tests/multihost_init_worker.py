@@ -1,9 +1,9 @@
-"""One process of the two-process job run by `test_multihost_init.py`.
+"""One process of the multi-process job run by `test_multihost_init.py`.
 
-Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4 forced
-CPU devices (gloo collectives on loopback, `join_job`) and builds, with
-`jts.sharded_init`, a `@jaxtyped` Equinox model whose parameters span both
-processes, on an Explicit, an Auto and a mixed mesh. Asserts that each process
+Started by `tests.multihost.run_workers`: joins a job of 8 forced CPU devices,
+as 2 processes x 4 or 4 x 2 (gloo collectives on loopback, `join_job`), and
+builds, with `jts.sharded_init`, a `@jaxtyped` Equinox model whose parameters
+span the processes, on an Explicit, an Auto and a mixed mesh. Asserts that each process
 holds only its own shards (no device a whole parameter), with the right values,
 that the result passes `jts.check_tree` here and a deliberately different
 annotation fails here, naming the leaf. Prints `WORKER <id> OK <number of
@@ -29,7 +29,8 @@ def main() -> int:
     import jaxtyping_shard as jts
     from jaxtyping_shard import Float
 
-    assert jax.process_count() == 2 and jax.device_count() == 8
+    processes = jax.process_count()
+    assert jax.device_count() == 8 and processes in (2, 4)
     verdict = Checks(process_id)
 
     @jaxtyped(typechecker=beartype)
@@ -55,11 +56,18 @@ def main() -> int:
     for kind, axis_types in kinds.items():
         mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=axis_types)
         model = jts.sharded_init(make, key, mesh=mesh)
-        # `parts`: into how many parts the processes split the parameter (the
-        # bias is replicated over `data`, which spans the processes).
-        for name, leaf, spec, shard_shape, parts in (
-            ("weight", model.weight, P("data", "model"), (16, 16), 2),
-            ("bias", model.bias, P("model"), (16,), 1),
+        # Where this process's devices sit in the mesh: the (data, model) blocks
+        # of the weight it holds, and the model blocks of the bias (replicated
+        # over `data`, which spans the processes).
+        mine = [
+            index
+            for index, device in np.ndenumerate(mesh.devices)
+            if device.process_index == process_id
+        ]
+        blocks = {"weight": len(set(mine)), "bias": len({j for _, j in mine})}
+        for name, leaf, spec, shard_shape, count in (
+            ("weight", model.weight, P("data", "model"), (16, 16), 8),
+            ("bias", model.bias, P("model"), (16,), 2),
         ):
             verdict(not leaf.is_fully_addressable, f"{kind} {name} spans processes")
             verdict(
@@ -67,7 +75,10 @@ def main() -> int:
                 f"{kind} {name} sharding {leaf.sharding}",
             )
             shards = leaf.addressable_shards
-            verdict(len(shards) == 4, f"{kind} {name}: {len(shards)} local shards")
+            verdict(
+                len(shards) == jax.local_device_count(),
+                f"{kind} {name}: {len(shards)} local shards",
+            )
             local = {d.id for d in jax.local_devices()}
             for shard in shards:
                 verdict(shard.device.id in local, f"{kind} {name} shard device")
@@ -81,11 +92,14 @@ def main() -> int:
                     f"{kind} {name} shard {shard.index} values",
                 )
             # This process holds only its own part: the distinct blocks on its
-            # devices cover half of the weight, the other process the rest.
+            # devices, of the `count` the parameter is cut into.
             held = np.zeros(leaf.shape, bool)
             for shard in shards:
                 held[shard.index] = True
-            verdict(held.sum() * parts == leaf.size, f"{kind} {name}: {held.sum()}")
+            verdict(
+                held.sum() * count == leaf.size * blocks[name],
+                f"{kind} {name}: {held.sum()}",
+            )
         # The result passes `check_tree` in this process (metadata only), and
         # a deliberately different annotation fails here, naming the leaf.
         with jax.transfer_guard("disallow"):
@@ -104,13 +118,18 @@ def main() -> int:
                 "P('model', 'data')",
             ):
                 verdict(fragment in text, f"{kind}: {fragment!r} not in {text}")
-        # An argument that is itself a global array (spanning both processes)
-        # is used where it lies: no process holds all of it to copy. Global
-        # [2, 2, 3, 3]: the weights come out scaled by 10.
+        # An argument that is itself a global array (spanning the processes)
+        # is used where it lies: no process holds all of it to copy. Each
+        # process gives its `data` rows the value 2 + its index: the weights
+        # come out scaled by their sum (10 on 2 processes, 14 on 4).
+        rows = len({i for i, _ in mine})
+        verdict(rows * processes == 4, f"{kind}: processes hold disjoint data rows")
         scale = jax.make_array_from_process_local_data(
-            NamedSharding(mesh, P("data")), np.full((2,), 2.0 + process_id, np.float32)
+            NamedSharding(mesh, P("data")),
+            np.full((rows,), 2.0 + process_id, np.float32),
         )
         verdict(not scale.is_fully_addressable, f"{kind} scale spans processes")
+        total = sum(2.0 + p for p in range(processes)) * (4 // processes)
 
         def scaled(key, scale):
             dense = make(key)
@@ -122,7 +141,7 @@ def main() -> int:
             model.weight.addressable_shards, model2.weight.addressable_shards
         ):
             verdict(
-                np.allclose(np.asarray(shard2.data), 10.0 * np.asarray(shard.data)),
+                np.allclose(np.asarray(shard2.data), total * np.asarray(shard.data)),
                 f"{kind} scaled shard {shard.index}",
             )
         tree = jts.abstract(make, key, mesh=mesh)

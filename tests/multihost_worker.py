@@ -1,9 +1,10 @@
-"""One process of the two-process JAX job run by `test_multihost.py`.
+"""One process of the multi-process JAX job run by `test_multihost.py`.
 
-Started by `tests.multihost.run_workers`: joins a job of 2 processes x 4
-forced CPU devices (gloo collectives on loopback, `join_job`), builds arrays
-that span both processes, and checks matching and mis-sharded ones eagerly,
-inside `jit` with Explicit axes (trace time) and with Auto axes (compile time).
+Started by `tests.multihost.run_workers`: joins a job of 8 forced CPU devices
+in all, as 2 processes x 4 or 4 x 2 (gloo collectives on loopback,
+`join_job`), builds arrays that span the processes, and checks matching and
+mis-sharded ones eagerly, inside `jit` with Explicit axes (trace time) and with
+Auto axes (compile time).
 Prints `WORKER <id> OK <number of checks>`, and exits 0, if all verdicts
 were right. Not collected by pytest: it needs its own process.
 """
@@ -28,7 +29,7 @@ def main() -> int:
     from jaxtyping_shard import Float
 
     assert jax.device_count() == 8, jax.devices()
-    assert jax.local_device_count() == 4, jax.local_devices()
+    assert jax.local_device_count() == 8 // jax.process_count(), jax.local_devices()
     verdict = Checks(process_id)
     expect_raise = verdict.raises
 
@@ -128,7 +129,7 @@ def main() -> int:
                 what=f"eager {bad}",
             )
         y = layer(x_ok, w_cols)
-        verdict(not y.is_fully_addressable, "layer output spans both processes")
+        verdict(not y.is_fully_addressable, "layer output spans the processes")
         expect_raise(
             jaxtyping.TypeCheckError, layer, x_bad, w_cols, what="eager layer input"
         )
@@ -146,7 +147,7 @@ def main() -> int:
     with jax.set_mesh(explicit), jax.transfer_guard("disallow"):
         out = jitted(x_ok)
         verdict(out.sharding.is_equivalent_to(x_ok.sharding, 2), f"{out.sharding}")
-        verdict(not out.is_fully_addressable, "jit output spans both processes")
+        verdict(not out.is_fully_addressable, "jit output spans the processes")
         expect_raise(
             jaxtyping.TypeCheckError, jitted.trace, x_bad, what="trace-time mismatch"
         )

@@ -1,4 +1,5 @@
-"""A real multi-host job: 2 processes x 4 CPU devices, arrays spanning both.
+"""A real multi-host job: 2 processes x 4 CPU devices, and 4 x 2, arrays
+spanning the processes.
 
 Each process runs `multihost_worker.py`; together they form one JAX job over
 loopback (gloo collectives), so the arrays checked are not fully addressable,
@@ -53,9 +54,17 @@ def test_assert_workers_ok_rejects_failed_or_short_runs():
     assert assert_workers_ok(uneven, min_checks=5, same_count=False) == [5, 6]
 
 
-def test_two_process_job(tmp_path):
-    logs = run_workers(WORKER, log_dir=tmp_path)
-    assert_workers_ok(logs, min_checks=70)
+# 2 processes x 4 devices, and 4 x 2 as JAX's own CPU multi-process tests run.
+JOBS = [(2, 4), (4, 2)]
+
+
+@pytest.mark.parametrize("processes, devices", JOBS)
+def test_multi_process_job(tmp_path, processes, devices):
+    logs = run_workers(
+        WORKER, processes=processes, devices=devices, timeout_s=240, log_dir=tmp_path
+    )
+    assert len(logs) == processes
+    assert_workers_ok(logs, min_checks=75)
 
 
 def test_run_workers_stops_the_job_when_one_process_fails(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""`sharded_init` in a real multi-host job: 2 processes x 4 CPU devices.
+"""`sharded_init` in a real multi-host job: 2 processes x 4 CPU devices, and 4 x 2.
 
 Each process runs `multihost_init_worker.py` (the verdicts are listed there); the
 launcher, its bounded wait and its clean-up are `tests/multihost.py`.
@@ -19,6 +19,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_two_process_sharded_init(tmp_path):
-    logs = run_workers(WORKER, log_dir=tmp_path)
-    assert_workers_ok(logs, min_checks=135)  # every check ran, in both
+@pytest.mark.parametrize("processes, devices", [(2, 4), (4, 2)])
+def test_multi_process_sharded_init(tmp_path, processes, devices):
+    logs = run_workers(
+        WORKER, processes=processes, devices=devices, timeout_s=240, log_dir=tmp_path
+    )
+    assert len(logs) == processes
+    # Every check ran, in every process (fewer shards a process on 4 x 2).
+    assert_workers_ok(logs, min_checks=138 if processes == 2 else 96)

@@ -1,4 +1,5 @@
-"""`jts.place` in a real multi-host job: 2 processes x 4 CPU devices over gloo.
+"""`jts.place` in a real multi-host job: 2 processes x 4 CPU devices, and 4 x 2,
+over gloo.
 
 The verdicts are asserted in `multihost_place_worker.py`; the launcher
 (`tests/multihost.py`) starts the two processes, bounded by a timeout and always
@@ -20,6 +21,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_place_across_two_processes(tmp_path):
-    logs = run_workers(WORKER, timeout_s=240, log_dir=tmp_path)
-    assert_workers_ok(logs, min_checks=60)
+@pytest.mark.parametrize("processes, devices", [(2, 4), (4, 2)])
+def test_place_across_processes(tmp_path, processes, devices):
+    logs = run_workers(
+        WORKER, processes=processes, devices=devices, timeout_s=240, log_dir=tmp_path
+    )
+    assert len(logs) == processes
+    assert_workers_ok(logs, min_checks=75 if processes == 2 else 55)

@@ -4,9 +4,11 @@ Each function says which releases take which branch, and why. The supported rang
 and what differs across it are listed in docs/compat.md; CI tests both ends.
 """
 
+import contextlib
 import importlib
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,6 +31,30 @@ try:
     from jax._src import source_info_util as _source_info_util
 except ImportError:  # pragma: no cover - a JAX without it
     _source_info_util = None
+
+
+def _mesh_states() -> Any:
+    """The module holding the two thread-local states `jax.set_mesh` swaps
+    (`abstract_mesh_context_manager`, `device_context`; see `mesh_scope`):
+    `jax._src.mesh` in JAX 0.12, `jax._src.config` in 0.8 and 0.10. `None` if
+    neither has them."""
+    for name in ("jax._src.mesh", "jax._src.config"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # pragma: no cover
+            continue
+        if hasattr(module, "abstract_mesh_context_manager") and hasattr(
+            module, "device_context"
+        ):
+            return module
+    return None  # pragma: no cover - a JAX without them
+
+
+_jax_config = _mesh_states()
+try:
+    from jax._src.mesh import empty_concrete_mesh as _no_concrete_mesh
+except ImportError:  # pragma: no cover - a JAX without it
+    _no_concrete_mesh = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -182,3 +208,52 @@ def hide_from_jax_source_info(directory: str) -> None:
 
 
 hide_from_jax_source_info(os.path.dirname(os.path.dirname(__file__)) + os.sep)
+
+
+@contextlib.contextmanager
+def mesh_scope(mesh: Any) -> Iterator[None]:
+    """`mesh` as the context mesh in this block: `jax.set_mesh` for a `Mesh`; an
+    `AbstractMesh` (which `jax.set_mesh` refuses) as the context's abstract mesh
+    with no concrete one, which is what `jax.set_mesh` itself sets for a `Mesh`.
+
+    The public `jax.sharding.use_abstract_mesh` refuses a mesh of another size
+    than the one in context (`jax.set_mesh(small)` around a preflight of the
+    production mesh) and leaves the concrete mesh of `jax.set_mesh` in place; so
+    the two JAX-private thread-local states that `jax.set_mesh` swaps are swapped
+    here (the same names in every supported release, in `jax._src.config` up to
+    0.10 and `jax._src.mesh` in 0.12: `_mesh_states`). Without them, the public
+    `use_abstract_mesh`.
+    """
+    if isinstance(mesh, jax.sharding.Mesh):
+        with jax.set_mesh(mesh):
+            yield
+        return
+    if _jax_config is None or _no_concrete_mesh is None:  # pragma: no cover
+        with jax.sharding.use_abstract_mesh(mesh):
+            yield
+        return
+    previous = _jax_config.abstract_mesh_context_manager.swap_local(mesh)
+    concrete = _jax_config.device_context.swap_local(_no_concrete_mesh)
+    try:
+        yield
+    finally:
+        _jax_config.device_context.set_local(concrete)
+        _jax_config.abstract_mesh_context_manager.set_local(previous)
+
+
+_FRESH_VALUES_HAVE_A_MESH: list[bool] = []
+
+
+def fresh_values_have_a_mesh() -> bool:
+    """Whether a value made inside a trace without a layout (`jnp.zeros` under an
+    Explicit mesh) has the context mesh in its type, so that `jax.eval_shape`
+    reports it replicated on the mesh: JAX 0.10 (0.9 untested), not 0.8, whose
+    type for it names no mesh (and `eval_shape` no sharding).
+
+    Found by tracing once (a 2-device `AbstractMesh`, nothing compiled)."""
+    if not _FRESH_VALUES_HAVE_A_MESH:
+        mesh = jax.sharding.AbstractMesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+        with mesh_scope(mesh):
+            out = jax.eval_shape(lambda: jax.numpy.zeros((2,)))
+        _FRESH_VALUES_HAVE_A_MESH.append(out.sharding is not None)
+    return _FRESH_VALUES_HAVE_A_MESH[0]

@@ -15,7 +15,7 @@ import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from .._core import mesh as _mesh
+from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
 from .._layout.spec import has_sharding
@@ -159,6 +159,10 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
         return jax.device_put(x, _bridge.named_sharding(spec, mesh, annotation))
     aval = jax.typeof(x)
     mesh = _mesh.of_aval(aval)
+    if mesh is None and isinstance(annotation, NamedSharding):
+        # No mesh in the value's type or the context: the sharding's own.
+        with compat.mesh_scope(annotation.mesh.abstract_mesh):
+            return _reshard_leaf(x, annotation)
     if mesh is None:
         raise ValueError(
             "reshard needs a mesh inside a trace: call it under `jax.set_mesh(mesh)`."

@@ -52,6 +52,8 @@ def shardings(
         Equinox modules whose fields are annotated, plain containers, or both.
     - `mesh`: the mesh of the shardings. Omitted: the context mesh
         (`jax.set_mesh`); a leaf annotated with a `NamedSharding` keeps its own.
+        A `jax.sharding.AbstractMesh` of any size gives shardings on it (for
+        `jax.ShapeDtypeStruct`s, as `jax.jit(...).trace` takes them).
     - `annotations`: annotations for leaves the fields do not annotate: a type
         hint (`dict[str, Float[Array, "e m", P("data")]]`) or a tree that is a
         prefix of `tree`, whose leaves are annotations, `PartitionSpec`s,

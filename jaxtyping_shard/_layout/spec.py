@@ -6,6 +6,7 @@ spec entries, their normalisation and formatting (`float32[8@data,4]`), and
 whether an annotation carries a layout at all. Imports nothing of the package.
 """
 
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -109,6 +110,31 @@ def format_array(dtype: Any, shape: Sequence[int], entries: Entries) -> str:
             dims.append(f"{size}@({','.join(entry)})")
     name = getattr(dtype, "name", None) or str(dtype)
     return f"{name}[{','.join(dims)}]"
+
+
+def indivisible(
+    shape: Sequence[int], spec: PartitionSpec, sizes: Mapping[str, int], dtype: Any
+) -> Optional[str]:
+    """Why `spec` cannot lay out an array of `shape` on a mesh of axis `sizes` (a
+    dim its mesh axes do not divide, with the padded shape that would), or None.
+    JAX refuses such an array as a `jit` argument or result."""
+    entries = entries_of(spec)
+    bad = []
+    padded = list(shape)
+    for dim, entry in enumerate(entries):
+        n = math.prod(sizes[a] for a in entry)
+        if n > 1 and shape[dim] % n:
+            padded[dim] = -(-shape[dim] // n) * n
+            axes = entry[0] if len(entry) == 1 else "(" + ",".join(entry) + ")"
+            bad.append(f"dim {dim} ({shape[dim]}) is not divisible by {axes}={n}")
+    if not bad:
+        return None
+    want = format_array(dtype, shape, entries)
+    return (
+        f"`{want}`: {'; '.join(bad)}. Pad it to "
+        f"{tuple(padded)} (round each such dim up to a multiple of its mesh axes' "
+        "size), or shard that dim over other axes."
+    )
 
 
 class Layout:

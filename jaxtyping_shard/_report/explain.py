@@ -179,20 +179,36 @@ def _row(
     if isinstance(layout, LogicalLayout):
         logical = (None,) * len(lead) + tuple(layout.names(ndim))
     dims = " ".join(["[stack]"] * len(lead) + [dims])
-    shard = per_device = replicated = None
-    if shape is not None and mesh is not None:
-        mesh_sizes = _mesh.sizes(mesh)
-        shard = tuple(
-            -(-size // math.prod(mesh_sizes[a] for a in entry))
-            for size, entry in zip(shape, entries)
-        )
-        if dtype is not None:
-            itemsize = np.dtype(dtype).itemsize
-            per_device = math.prod(shard) * itemsize
-            devices = math.prod(mesh_sizes.values())
-            replicated = per_device * devices - math.prod(shape) * itemsize
-            replicated = max(replicated, 0)
+    shard, per_device, replicated = shard_bytes(shape, dtype, entries, mesh)
     return Row(path, dims, logical, spec, shape, dtype, shard, per_device, replicated)
+
+
+def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any) -> tuple:
+    """`(shard shape, bytes per device, bytes replicated)` of an array of `shape`
+    and `dtype` laid out as `entries` (mesh axes per dim) on `mesh`; `None` where
+    the shape, dtype or mesh is unknown. A dim its axes do not divide is padded,
+    as XLA pads it (the last shard is rounded up)."""
+    if shape is None or mesh is None:
+        return None, None, None
+    mesh_sizes = _mesh.sizes(mesh)
+    entries = tuple(entries) + ((),) * (len(shape) - len(entries))
+    shard = tuple(
+        -(-size // math.prod(mesh_sizes[a] for a in entry))
+        for size, entry in zip(shape, entries)
+    )
+    if dtype is None:
+        return shard, None, None
+    itemsize = _itemsize(dtype)
+    per_device = math.prod(shard) * itemsize
+    devices = math.prod(mesh_sizes.values())
+    replicated = max(per_device * devices - math.prod(shape) * itemsize, 0)
+    return shard, per_device, replicated
+
+
+def _itemsize(dtype: Any) -> int:
+    # JAX's extended dtypes (PRNG keys) have no NumPy dtype, but an itemsize.
+    itemsize = getattr(dtype, "itemsize", None)
+    return int(itemsize) if itemsize is not None else np.dtype(dtype).itemsize
 
 
 def _entry(value: Any) -> tuple:
@@ -286,7 +302,8 @@ def explain(
         `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape`) whose annotations
         are found as [`jaxtyping_shard.shardings`][] finds them, or a tree whose
         leaves are annotations.
-    - `mesh`: the mesh; omitted, the context mesh (`jax.set_mesh`). Without any,
+    - `mesh`: the mesh (a `jax.sharding.AbstractMesh` of any size will do);
+        omitted, the context mesh (`jax.set_mesh`). Without any,
         shard shapes and bytes are `?`.
     - `annotations`, `rules`: as for [`jaxtyping_shard.shardings`][] (an
         annotation tree; path rules). The *axis* rules are those in force.

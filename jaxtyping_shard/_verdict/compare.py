@@ -7,7 +7,7 @@ is_equivalent_to` decides; specs are never compared with `==`.
 
 from typing import Any, Optional
 
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
 from .._core import mesh as _mesh
 from .._layout import spec as _spec
@@ -93,11 +93,13 @@ def same_mesh_shape(a: Any, b: Any) -> bool:
 def agrees(sharding: Any, target: Any, ndim: int) -> bool:
     """Whether `sharding` lays an array of rank `ndim` out as the concrete `target`
     does: `is_equivalent_to` (spec, devices, memory kind). A `NamedSharding` on an
-    abstract mesh (a `jax.ShapeDtypeStruct`'s) has no devices: it agrees when its
-    mesh has the target's axes and sizes and its spec the target's layout."""
+    abstract mesh (a `jax.ShapeDtypeStruct`'s, or a target derived on one by
+    `jts.preflight`) has no devices: it agrees when its mesh has the target's
+    axes and sizes and its spec the target's layout."""
     mesh = getattr(sharding, "mesh", None)
-    if isinstance(sharding, NamedSharding) and not isinstance(mesh, Mesh):
-        target_mesh = getattr(target, "mesh", None)
+    target_mesh = getattr(target, "mesh", None)
+    abstract = not isinstance(mesh, Mesh) or isinstance(target_mesh, AbstractMesh)
+    if isinstance(sharding, NamedSharding) and abstract:
         if target_mesh is None or not same_mesh_shape(mesh, target_mesh):
             return False
         sizes = _mesh.sizes(mesh)

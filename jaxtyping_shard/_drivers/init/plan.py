@@ -8,7 +8,6 @@ rank the annotation contradicts) is collected, and all of them are reported in
 one error, by key path, with the padded size that would fix a dim.
 """
 
-import math
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -22,28 +21,6 @@ from ..._layout.spec import has_sharding
 from ..._trees import paths as _paths, walk as _tree
 from ..._trees.stacked import stacked_prefixes, StackedSpec
 from .trace import is_array
-
-
-def _divisibility(
-    shape: tuple, spec: PartitionSpec, sizes: dict, dtype: Any
-) -> Optional[str]:
-    entries = _spec.entries_of(spec)
-    bad = []
-    padded = list(shape)
-    for dim, entry in enumerate(entries):
-        n = math.prod(sizes[a] for a in entry)
-        if n > 1 and shape[dim] % n:
-            padded[dim] = -(-shape[dim] // n) * n
-            axes = entry[0] if len(entry) == 1 else "(" + ",".join(entry) + ")"
-            bad.append(f"dim {dim} ({shape[dim]}) is not divisible by {axes}={n}")
-    if not bad:
-        return None
-    want = _spec.format_array(dtype, shape, entries)
-    return (
-        f"`{want}`: {'; '.join(bad)}. Pad it to "
-        f"{tuple(padded)} (round each such dim up to a multiple of its mesh axes' "
-        "size), or shard that dim over other axes."
-    )
 
 
 def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
@@ -123,7 +100,7 @@ def leaf_shardings(
             )
             out.append(None)
             continue
-        bad = _divisibility(shape, spec, sizes, leaf.dtype)
+        bad = _spec.indivisible(shape, spec, sizes, leaf.dtype)
         if bad:
             problems.append(f"  {name}: {bad}")
             out.append(None)

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..._core import mesh as _mesh
+from ..._core import compat, mesh as _mesh
 from ..._core.errors import ShardingTypeCheckError, ShardingWarning
 from ..._core.modes import current_mode
 from ..._layout import bridge as _bridge, spec as _spec
@@ -54,7 +54,7 @@ class Request:
 class Plan(NamedTuple):
     """What a `Request` creates, decided before compiling."""
 
-    mesh: Mesh
+    mesh: Any  # a Mesh; an AbstractMesh for `abstract`
     traced: Traced
     abstract_tree: Any  # `jax.ShapeDtypeStruct` array leaves, no shardings
     shardings: list  # per leaf of `abstract_tree`: a NamedSharding, or None
@@ -66,14 +66,29 @@ def _concrete_mesh(mesh: Any, what: str) -> Mesh:
         raise ValueError(
             f"{what} needs a concrete `jax.sharding.Mesh` (devices, not only axis "
             f"names), not {type(mesh).__name__}: pass `mesh=`, or call it outside "
-            "`jit` under `jax.set_mesh(mesh)`."
+            "`jit` under `jax.set_mesh(mesh)`. On an `AbstractMesh`, "
+            "`jts.abstract` gives what it would create (shapes and shardings)."
+        )
+    return mesh
+
+
+def _any_mesh(mesh: Any, what: str) -> Any:
+    mesh = _bridge.resolve_mesh(mesh, what)
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise ValueError(
+            f"{what} needs a `jax.sharding.Mesh` or `AbstractMesh`, not "
+            f"{type(mesh).__name__}."
         )
     return mesh
 
 
 def plan(request: Request) -> Plan:
-    """Traces `fn` with no data and lays out every leaf (errors before compiling)."""
-    mesh = _concrete_mesh(request.mesh, request.what)
+    """Traces `fn` with no data and lays out every leaf (errors before compiling).
+    An `AbstractMesh` (no devices) is for `abstract`, and inside a trace."""
+    if request.what == "abstract" or not compat.top_level():
+        mesh = _any_mesh(request.mesh, request.what)
+    else:
+        mesh = _concrete_mesh(request.mesh, request.what)
     traced = Traced(request.fn, request.args, dict(request.kwargs))
     tree = abstract_shapes(traced, mesh)
     shardings = _init_plan.leaf_shardings(
@@ -93,16 +108,7 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
     that runs it and returns the verified tree. Used by `sharded_init`, tests and
     the benchmark."""
     mesh, traced, _, shardings = plan(request)
-    out_shardings = [s for s in shardings if s is not None]
-    body: Callable = traced
-    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
-    if explicit:
-        # XLA creates each parameter in shards only where it may choose the layout.
-        body = jax.sharding.auto_axes(
-            traced,
-            axes=tuple(explicit),
-            out_sharding=[_only_axes(s, explicit) for s in out_shardings],
-        )
+    jitted = _jitted(mesh, traced, shardings)
     # The inputs (keys, sizes) are small: replicated on the mesh, from any device
     # or mesh they were made on.
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -114,7 +120,6 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
         )
         for x in traced.inputs
     ]
-    jitted = jax.jit(body, out_shardings=out_shardings)
     with jax.set_mesh(mesh):
         with _lowering.unrolled_threefry_on_cpu():
             lowered = jitted.trace(inputs).lower()
@@ -130,6 +135,31 @@ def compile_init(request: Request) -> tuple[Any, Callable[[], Any]]:
         return tree
 
     return compiled, run
+
+
+def _jitted(mesh: Any, traced: Traced, shardings: list) -> Any:
+    """`traced` jitted to return each leaf laid out as planned."""
+    out_shardings = [s for s in shardings if s is not None]
+    body: Callable = traced
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    if explicit:
+        # XLA creates each parameter in shards only where it may choose the layout.
+        body = jax.sharding.auto_axes(
+            traced,
+            axes=tuple(explicit),
+            out_sharding=[_only_axes(s, explicit) for s in out_shardings],
+        )
+    return jax.jit(body, out_shardings=out_shardings)
+
+
+def _traced_init(request: Request) -> Any:
+    """`sharded_init` inside a trace (`jit`, `jax.eval_shape`): `fn`'s result laid
+    out as planned, a part of the computation being traced (which decides what is
+    created, and where); the mesh may be abstract. No check of the result is left
+    to run: its layout is the planned one by construction."""
+    mesh, traced, _, shardings = plan(request)
+    arrays = _jitted(mesh, traced, shardings)(traced.inputs)
+    return traced.rebuild(arrays)
 
 
 def _spans_processes(x: Any) -> bool:
@@ -254,6 +284,9 @@ def sharded_init(
     - `*args`, `**kwargs`: passed to `fn`. Pass an argument named like an option
         below through `functools.partial`.
     - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`).
+        Inside a trace (`jit`, `jax.eval_shape`), an `AbstractMesh` will do: there
+        `fn`'s result is laid out as planned as part of the traced computation
+        (an input pipeline traced abstractly, for [`jaxtyping_shard.preflight`][]).
     - `annotations`, `rules`: as for [`jaxtyping_shard.shardings`][]: an
         annotation tree or type hint, and path rules, for leaves whose fields
         are not annotated (third-party modules).
@@ -279,6 +312,8 @@ def sharded_init(
     annotated.
     """
     request = Request(fn, args, kwargs, mesh, annotations, rules, stacked, strict)
+    if not compat.top_level():
+        return _traced_init(request)
     _, run = compile_init(request)
     return run()
 
@@ -313,7 +348,9 @@ def abstract(
 
     Unlike `jax.eval_shape`, this reports shardings on `Auto` meshes too
     (jax#19656): the targets that restoring a checkpoint, or
-    `jax.make_array_from_process_local_data`, need.
+    `jax.make_array_from_process_local_data`, need. `mesh` may be a
+    `jax.sharding.AbstractMesh` of any size (no devices needed): the inputs of
+    [`jaxtyping_shard.preflight`][] on the production mesh.
 
     **Arguments:** as for [`jaxtyping_shard.sharded_init`][].
 

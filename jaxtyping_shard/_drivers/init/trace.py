@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from ..._core import compat
 from ..._core.errors import ShardingTypeCheckError, ShardingWarning
 from ..._verdict import auto as _compile_check
 
@@ -121,19 +122,23 @@ def run_deferred(traced: Traced, arrays: list, tree: Any) -> None:
         )
 
 
-def _all_auto(mesh: Mesh) -> Mesh:
+def _all_auto(mesh: Any) -> Any:
     kinds = (AxisType.Auto,) * len(mesh.axis_names)
+    if isinstance(mesh, AbstractMesh) or not compat.top_level():
+        # Inside a trace only an abstract mesh may be put in context.
+        return AbstractMesh(mesh.axis_sizes, mesh.axis_names, axis_types=kinds)
     return Mesh(mesh.devices, mesh.axis_names, axis_types=kinds)
 
 
-def abstract_shapes(traced: Traced, mesh: Mesh) -> Any:
-    """The output tree with `jax.ShapeDtypeStruct` array leaves (no shardings)."""
+def abstract_shapes(traced: Traced, mesh: Any) -> Any:
+    """The output tree with `jax.ShapeDtypeStruct` array leaves (no shardings);
+    `mesh` a `Mesh` or an `AbstractMesh`."""
     # Inputs without shardings: a key made under another `jax.set_mesh` would
     # carry that mesh into a trace under this one.
     inputs = [
         None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
         for x in traced.inputs
     ]
-    with jax.set_mesh(_all_auto(mesh)):
+    with compat.mesh_scope(_all_auto(mesh)):
         shapes = jax.eval_shape(traced, inputs)
     return traced.rebuild(shapes)

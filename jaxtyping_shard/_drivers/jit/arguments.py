@@ -10,8 +10,8 @@ import jax
 from jax.core import Tracer
 from jax.sharding import NamedSharding
 
-from ..._core import mesh as _mesh
-from ..._core.errors import ShardingTypeCheckError
+from ..._core import failures as _failures, mesh as _mesh
+from ..._core.errors import ShardingAnnotationError, ShardingTypeCheckError
 from ..._layout import bridge as _bridge, spec as _spec
 from ..._layout.spec import has_sharding
 from ..._verdict.compare import agrees, contrast
@@ -34,39 +34,34 @@ def place_arguments(
             continue
         leaves, treedef = f
         moved, changed = list(leaves), False
+        paths: list = []  # the leaves' key paths, read once, at the first mismatch
         for i, (leaf, sharding) in enumerate(zip(leaves, shardings)):
             if sharding is None or isinstance(leaf, Tracer):
                 continue
-            if isinstance(leaf, jax.ShapeDtypeStruct):
-                given = leaf.sharding
-                if given is not None and agrees(given, sharding, len(leaf.shape)):
-                    continue
-                if given is not None and not reshard:
-                    wrong.append(mismatch(_where(name, value, i), leaf, sharding))
-                    continue
-                moved[i], changed = _abstract(leaf, sharding), True
-            elif not _committed(leaf):
-                # NumPy and uncommitted arrays go where the annotation says,
-                # as jit would move them; placed first, their types carry the
-                # sharding (with Explicit axes, in_shardings alone do not).
+            spec_given = isinstance(leaf, jax.ShapeDtypeStruct)
+            if not (_committed(leaf) or (spec_given and leaf.sharding is not None)):
+                # NumPy and uncommitted arrays (and a `jax.ShapeDtypeStruct`
+                # without a sharding) go where the annotation says, as jit would
+                # move them; placed first, their types carry the sharding (with
+                # Explicit axes, in_shardings alone do not).
                 if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
                     continue  # a Python scalar: jit places it
-                if abstract:
-                    moved[i] = _abstract(leaf, sharding)
-                else:
-                    moved[i] = jax.device_put(leaf, sharding)
-                changed = True
-            elif leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+                moved[i], changed = _moved(leaf, sharding, abstract), True
                 continue
-            elif reshard:
-                moved[i] = (
-                    _abstract(leaf, sharding)
-                    if abstract
-                    else jax.device_put(leaf, sharding)
-                )
-                changed = True
+            if agrees(leaf.sharding, sharding, len(leaf.shape)):
+                continue
+            if not paths:
+                paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(value)[0]]
+            where = name + jax.tree_util.keystr(paths[i])
+            # `jts.preflight` lists it with every other failure, and goes on as if
+            # it were placed as annotated.
+            collected = not reshard and _failures.collect(
+                f"argument {mismatch(where, leaf, sharding, f' of `{fname}`')}"
+            )
+            if reshard or collected:
+                moved[i], changed = _moved(leaf, sharding, abstract), True
             else:
-                wrong.append(mismatch(_where(name, value, i), leaf, sharding))
+                wrong.append(mismatch(where, leaf, sharding))
         if changed:
             value = jax.tree_util.tree_unflatten(treedef, moved)
         values.append(value)
@@ -84,9 +79,12 @@ def place_arguments(
     return tuple(values)
 
 
-def _where(name: str, value: Any, i: int) -> str:
-    path = jax.tree_util.tree_flatten_with_path(value)[0][i][0]
-    return name + jax.tree_util.keystr(path)
+def _moved(leaf: Any, sharding: NamedSharding, abstract: bool) -> Any:
+    """The leaf placed as derived: as a `jax.ShapeDtypeStruct` when it is one or
+    `abstract` (nothing is moved), else `device_put`."""
+    if abstract or isinstance(leaf, jax.ShapeDtypeStruct):
+        return _abstract(leaf, sharding)
+    return jax.device_put(leaf, sharding)
 
 
 def _abstract(leaf: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -182,13 +180,40 @@ def leaf_sharding(
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
 
-def mismatch(name: str, leaf: Any, sharding: NamedSharding) -> str:
+def indivisible(name: str, leaves: list, shardings: list, paths: tuple) -> list[str]:
+    """`name<path>: why` for each leaf whose derived sharding does not divide it."""
+    out = []
+    for leaf, sharding, path in zip(leaves, shardings, paths):
+        shape = getattr(leaf, "shape", None)
+        if sharding is None or shape is None:
+            continue
+        sizes = _mesh.sizes(sharding.mesh)
+        why = _spec.indivisible(tuple(shape), sharding.spec, sizes, leaf.dtype)
+        if why is not None:
+            out.append(f"{name}{jax.tree_util.keystr(path)}: {why}")
+    return out
+
+
+def raise_indivisible(fname: str, what: str, problems: list, mesh: Any) -> None:
+    """One error for every leaf its annotation cannot lay out on `mesh`, before
+    JAX refuses the first without naming it."""
+    if problems:
+        raise ShardingAnnotationError(
+            f"{fname}: {len(problems)} of its {what} cannot be laid out as "
+            f"annotated on the mesh {_mesh.format_mesh(mesh)}:\n"
+            + "\n".join(f"  {p}" for p in problems)
+        )
+
+
+def mismatch(name: str, leaf: Any, sharding: NamedSharding, of: str = "") -> str:
+    """`name` (`of` the function, when given) laid out otherwise than `sharding`,
+    in JAX's notation, with what differs where the notation is the same."""
     entries = _spec.entries_of(sharding.spec)
     actual, expected, there = contrast(
         leaf.sharding, sharding, leaf.dtype, leaf.shape, entries
     )
     return (
-        f"`{name}` is {actual}, its annotation asks for {expected} "
+        f"`{name}`{of} is {actual}, its annotation asks for {expected} "
         f"({_spec.format_spec(sharding.spec)}, mesh "
         f"{_mesh.format_mesh(sharding.mesh)}{there})"
     )

@@ -61,6 +61,7 @@ def checked(fun: Callable) -> Callable:
 
     if not hasattr(fun, "__qualname__"):  # a partial, a callable object
         boundary.__qualname__ = boundary.__name__ = read(fun).name
+    boundary._jts_boundary = True  # type: ignore[attr-defined]
     return boundary
 
 

@@ -1,28 +1,21 @@
 """`jaxtyping_shard.jit(f, in_shardings="annotations", out_shardings="annotations")`.
 
-`jit`'s shardings read off `f`'s signature, through the one tree walk (leaf
-annotations, annotation trees, module and dataclass fields) and the one
-annotation -> `NamedSharding` path of `_bridge`. A leaf without a sharding stays
-unspecified (JAX chooses), never replicated. The shardings depend on the
-arguments' tree structures and ranks and on the mesh, so they are derived per
-call signature and the jitted function is made per derived set (cached).
+`jit`'s shardings read off `f`'s signature through the one tree walk and the one
+annotation -> `NamedSharding` path (`_layout.bridge`). A leaf without a sharding
+stays unspecified (JAX chooses), never replicated. Shardings are derived per call
+signature (tree structures, ranks, mesh) and a `jit` is made per derived set.
 
-A committed argument whose sharding differs from its annotation is refused with
-a `ShardingTypeCheckError` naming the argument path, before JAX's generic
-"Sharding passed to jit does not match"; `reshard_inputs=True` moves it instead.
+A committed argument whose sharding differs from its annotation is refused with a
+`ShardingTypeCheckError` naming its path; `reshard_inputs=True` moves it instead.
 
-A call first tries the entry of the previous call (`_jit_entry.Speculation`):
-with the same signature, JAX's C++ dispatch runs it with no Python work here, as
-for plain `jax.jit`. Otherwise the signature is derived here (bound, flattened,
-keyed) and, while each call's sharded leaves are all committed arrays, called
-through the entry's `jit` of the function itself (`Entry.tree`), ready for the
-next call to go straight to it. Other calls go through a `jit` of the function
-over its arguments' flat leaves (`Entry.flat`): the tree was flattened here
-already to find the signature, and JAX flattening a tuple of arrays is C++ only,
-where flattening an Equinox module again would run its Python flatten per call.
-`lower`, `trace` and `eval_shape` use the tree jit, so their results take the
-arguments as the caller wrote them, and move nothing: what a call would place
-is given to them as a `jax.ShapeDtypeStruct` with its derived sharding.
+A call first tries the previous call's entry (`entry.Speculation`): with the same
+signature JAX's C++ dispatch runs it with no Python work here. Otherwise the
+signature is derived (bound, flattened, keyed) and the call goes through the
+entry's `jit` of the function itself (`Entry.tree`) while its sharded leaves are
+committed arrays, or else a `jit` over the flat leaves (`Entry.flat`: flattening
+an Equinox module again would run its Python flatten per call). `lower`, `trace`
+and `eval_shape` use the tree jit and move nothing: a leaf a call would place is
+given to them as a `jax.ShapeDtypeStruct` with its derived sharding.
 """
 
 import functools as ft
@@ -158,16 +151,30 @@ class AnnotatedJit:
         return inner(*checked, **kw)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        inner, pos, kw = self.prepared(*args, **kwargs)
         return inner.lower(*pos, **kw)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        inner, pos, kw = self.prepared(*args, **kwargs)
         return inner.trace(*pos, **kw)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        inner, pos, kw = self.prepared(*args, **kwargs)
         return inner.eval_shape(*pos, **kw)
+
+    def deriving_inputs(self) -> "AnnotatedJit":
+        """This jit with `in_shardings="annotations"` (itself, if it has it)."""
+        if self._derive_in:
+            return self
+        kwargs = dict(self._kwargs, in_shardings=ANNOTATIONS)
+        if self._derive_out:
+            kwargs["out_shardings"] = ANNOTATIONS
+        return AnnotatedJit(self._fun, kwargs, self._make)
+
+    def prepared(self, *args: Any, **kwargs: Any) -> tuple[Any, tuple, dict]:
+        """`(jax.jit with derived shardings, args, kwargs placed as derived)`."""
+        inner, pos, kw, _ = self._prepare(args, kwargs, tree=True)
+        return inner, pos, kw
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         return self if instance is None else ft.partial(self, instance)
@@ -338,7 +345,7 @@ class AnnotatedJit:
         )
 
     def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
-        trees, in_leaves = [], []
+        trees, in_leaves, indivisible = [], [], []
         for (name, value, _), f in zip(pos, flat):
             if f is None:
                 in_leaves.append(None)
@@ -348,8 +355,10 @@ class AnnotatedJit:
                 _arguments.leaf_sharding(leaf, ann, mesh, self._name, name, path)
                 for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
             ]
+            indivisible += _arguments.indivisible(name, leaves, out, plan.paths)
             in_leaves.append(out)
             trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
+        _arguments.raise_indivisible(self._name, "arguments", indivisible, mesh)
         return in_leaves, tuple(trees)
 
     def _out_shardings(self, values: tuple, kw: dict, mesh: Any) -> Any:
@@ -376,6 +385,8 @@ class AnnotatedJit:
             _arguments.leaf_sharding(leaf, ann, mesh, self._name, "return", path)
             for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
         ]
+        indivisible = _arguments.indivisible("return", leaves, shardings, plan.paths)
+        _arguments.raise_indivisible(self._name, "results", indivisible, mesh)
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
 
     def _hint_return(self) -> Any:

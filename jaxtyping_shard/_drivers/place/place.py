@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from ..._core import mesh as _mesh
+from ..._core import compat, mesh as _mesh
 from ..._core.errors import PlacementError, ShardingAnnotationError
 from ..._layout import bridge as _bridge, given as _given
 from ..._layout.spec import has_sharding
@@ -25,6 +26,7 @@ from ..._trees import (
     walk as _tree,
 )
 from ..._trees.signature import function_name as _name, parameter_hint
+from .. import reshard as _reshard
 from . import rows as _rows, verify as _verify
 
 
@@ -77,7 +79,12 @@ def place(
         [`jaxtyping_shard.shardings`][]. A leaf whose annotation declares no
         sharding (none, `Any`, a third-party class's field such as an optax
         state's `count`) is placed replicated, as `sharded_init` creates it.
-    - `mesh`: omitted: the context mesh (`jax.set_mesh`).
+    - `mesh`: omitted: the context mesh (`jax.set_mesh`). On a
+        `jax.sharding.AbstractMesh` (no devices) this process counts as holding
+        every shard, and the result is the `jax.ShapeDtypeStruct` of the global
+        array, nothing placed; inside a trace (an input pipeline under
+        `jax.eval_shape`, for [`jaxtyping_shard.preflight`][]), the data (the
+        whole array, one process) is laid out as annotated in the computation.
     - `global_shape`: omitted: computed from the local shape, the sharding and
         the mesh (a dim cut into `n` shards of which this process holds `k` is
         `n / k` times the local dim). Given (a shape, or a tree of shapes like
@@ -174,7 +181,7 @@ def local_rows(annotation: Any, global_shape: Any, mesh: Any = None) -> tuple:
 
     - `annotation`: a sharded annotation, `PartitionSpec` or `NamedSharding`.
     - `global_shape`: the global array's shape.
-    - `mesh`: omitted: the context mesh.
+    - `mesh`: omitted: the context mesh. On an `AbstractMesh`, every row.
 
     **Returns:**
 
@@ -201,7 +208,7 @@ def _sharding(annotation: Any, mesh: Any, shape: tuple, where: str) -> NamedShar
             f"{where}: {_given.describe(annotation)} has no sharding, so it says "
             "nowhere to place the data. Annotate it, `P()` for replicated."
         )
-    mesh = _concrete_mesh(mesh, where)
+    mesh = _place_mesh(mesh, where)
     spec = _bridge.spec_for(annotation, shape, mesh, where)
     return _bridge.named_sharding(spec, mesh, annotation, where)
 
@@ -289,12 +296,12 @@ def _misfit(checker: Any, x: Any, shape: tuple, sharding: Any, where: str) -> st
     return failures[0][1] if failures else ""
 
 
-def _concrete_mesh(mesh: Any, where: str) -> Any:
+def _place_mesh(mesh: Any, where: str) -> Any:
     mesh = _bridge.resolve_mesh(mesh, where)
-    if not isinstance(mesh, jax.sharding.Mesh):
+    if not isinstance(mesh, (jax.sharding.Mesh, AbstractMesh)):
         raise ValueError(
-            f"{where} needs a concrete mesh (devices), not {mesh}: call it outside "
-            "`jit`, with `mesh=` or under `jax.set_mesh(mesh)`."
+            f"{where} needs a mesh (a `Mesh`, or an `AbstractMesh` for a dry run), "
+            f"not {mesh}: pass `mesh=`, or call it under `jax.set_mesh(mesh)`."
         )
     return mesh
 
@@ -354,6 +361,14 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where, strict)
             f"{where}: {head} (checked as the global array, of the dtype JAX would "
             "give it; nothing was placed):\n" + "\n".join(misfits)
         )
+    if not compat.top_level() or any(
+        isinstance(s.mesh, AbstractMesh) for s in shardings
+    ):
+        out = [
+            _unplaced(s, x, shape, name)
+            for s, x, shape, name in zip(shardings, arrays, shapes, names)
+        ]
+        return jax.tree_util.tree_unflatten(plan.treedef, out)
     if verify and jax.process_count() > 1:  # one process: nothing to compare
         _verify.check_shapes(names, arrays, where)
         if verify == "checksum":
@@ -363,3 +378,18 @@ def _place(local, annotations, mesh, global_shape, verify, rules, where, strict)
         for s, x, shape in zip(shardings, arrays, shapes)
     ]
     return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def _unplaced(sharding: NamedSharding, x: Any, shape: tuple, where: str) -> Any:
+    """Inside a trace (an input pipeline under `jax.eval_shape`, say), `x` laid
+    out as annotated in the computation; on an `AbstractMesh` (no devices),
+    outside one, the `jax.ShapeDtypeStruct` of the array `place` would make."""
+    if compat.top_level():
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding)
+    if tuple(x.shape) != tuple(shape):
+        raise PlacementError(
+            f"{where}: inside a trace, place lays out the whole array, which this "
+            f"process does not hold (local {tuple(x.shape)}, global {shape}). Place "
+            "the data outside the trace."
+        )
+    return _reshard.reshard(jnp.asarray(x), sharding)

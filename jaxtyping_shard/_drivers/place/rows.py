@@ -34,6 +34,11 @@ def blocks(sharding: NamedSharding, ndim: int) -> Blocks:
     entries = (*entries, *(((),) * (ndim - len(entries))))
     sizes = _mesh.sizes(sharding.mesh)
     counts = tuple(math.prod(sizes[a] for a in entry) for entry in entries)
+    if isinstance(sharding.mesh, jax.sharding.AbstractMesh):
+        # No devices, so no processes: this one holds every shard (a dry run of
+        # the whole array, as `preflight`'s inputs are made).
+        every = tuple(tuple(range(n)) for n in counts)
+        return Blocks(counts, tuple(entries), {jax.process_index(): every})
     # With one element per shard, a device's index along a dim is its shard number.
     held: dict[int, list[set[int]]] = {}
     for device, index in sharding.devices_indices_map(counts).items():

@@ -1,0 +1,356 @@
+"""`preflight`: a step traced on the production mesh, every check, the bytes.
+
+The step goes through `jts.jit`'s own machinery (`_drivers/jit`): its arguments
+are placed as their annotations ask (`derive`, `arguments`: every leaf of every
+tree, field annotations, rules), their boundary is checked (`boundary`), and it
+is traced on the mesh, where every annotation inside it is checked as in a real
+run. Nothing runs and nothing is allocated: the arguments are made abstract
+first (`jax.ShapeDtypeStruct`s, a concrete array's layout carried over by its
+spec), and a `jax.sharding.AbstractMesh` of any size has no devices at all.
+
+Every failure of the trace is collected (`_core.failures.collecting`: the check
+passes, so the trace goes on and finds the next) and all are raised at the end
+as one error, by path and line. Checks that only XLA's partitioner can decide
+(mesh axes of type `Auto`) are counted, and run when the step is compiled on a
+real `check_mesh` with the same axis names (forced CPU devices will do).
+"""
+
+from typing import Any, Optional
+
+import jax
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+from .._core import compat, failures as _failures, mesh as _mesh
+from .._core.errors import ShardingTypeCheckError
+from .._drivers.jit import boundary as _boundary, derive as _derive
+from .._layout import bridge as _bridge
+from .._layout.spec import has_sharding
+from .._trees import reading as _reading, signature as _signature, walk as _tree
+from .._trees.signature import function_name
+from .._verdict import auto as _auto
+from .._verdict.compare import FIX
+from .abstract_args import abstract, has_arrays, is_array
+from .memory import Checks, format_bytes, leaf_bytes, LeafBytes, PreflightReport
+
+
+def preflight(
+    fn: Any,
+    *args: Any,
+    mesh: Any = None,
+    hbm_bytes: Optional[int] = None,
+    check_mesh: Any = None,
+    **kwargs: Any,
+) -> PreflightReport:
+    """Checks a step on the production mesh and counts its bytes per device,
+    without devices: `fn(*args, **kwargs)` is traced, never run.
+
+    !!! Example
+
+        ```python
+        import jax
+        from jax.sharding import AbstractMesh, AxisType
+        from jaxtyping import Array
+        import jaxtyping_shard as jts
+        from jaxtyping_shard import Float
+
+        Out = Float[Array, "batch@data mlp@model"]
+
+        @jts.jit(in_shardings="annotations", out_shardings="annotations")
+        def step(w: Float[Array, "embed mlp@model"],
+                 x: Float[Array, "batch@data embed"]) -> Out:
+            return x @ w
+
+        pod = AbstractMesh((512, 8), ("data", "model"),
+                           axis_types=(AxisType.Explicit,) * 2)
+        report = jts.preflight(step, jax.ShapeDtypeStruct((4096, 16384), "float32"),
+                               jax.ShapeDtypeStruct((1024, 4096), "float32"),
+                               mesh=pod, hbm_bytes=16 * 2**30)
+        print(report)
+        ```
+
+    Everything the library checks in a real run on that mesh is checked: every
+    annotated leaf of the arguments (placed as their annotations ask, as
+    `jts.jit(in_shardings="annotations")` places them; one given with another
+    layout is a mismatch), the result (`jts.jit`'s boundary checks, field
+    annotations, `Like`, stacked layers: what `jts.jit` does), every annotation
+    checked inside the step (`jaxtyped` functions, `check_tree`, `jts.reshard`),
+    and the rules in force (`jts.axis_rules`). The trace goes on past each
+    mismatch, so one error lists them all. See [Preflight](preflight.md).
+
+    On `Explicit` mesh axes every check runs at trace time, so all of them run.
+    Checks of values on `Auto` axes need XLA's partitioner: they run when the
+    step is compiled on `check_mesh`, and are counted as not checked otherwise.
+
+    **Arguments:**
+
+    - `fn`: the step: a function, a `jax.jit` or `jts.jit` of one. Its arguments
+        without array leaves are static (a `jts.jit` keeps its own settings).
+    - `*args`, `**kwargs`: the step's arguments: `jax.ShapeDtypeStruct` trees
+        (from [`jaxtyping_shard.abstract`][], `jax.eval_shape`), or concrete
+        arrays, whose data is never read: each counts as its shape, dtype and
+        layout (its `PartitionSpec`, carried over to `mesh`). A leaf with no
+        sharding is placed as its annotation asks. Pass an argument named like an
+        option below through `functools.partial`.
+    - `mesh`: a `jax.sharding.AbstractMesh` of any size (`AbstractMesh((512,
+        8), ("data", "model"), axis_types=...)`: 4,096 devices on a laptop), or a
+        `Mesh`. Omitted: the context mesh (`jax.set_mesh`).
+    - `hbm_bytes`: a budget per device. When the arguments and results take
+        more, preflight fails naming the largest of them.
+    - `check_mesh`: a concrete `Mesh` with `mesh`'s axis names (e.g. 4 x 2
+        forced CPU devices), on which the step is also compiled (never run), so
+        that the checks on `Auto` axes run. Omitted: `mesh` itself if it is
+        concrete, else none.
+
+    **Returns:**
+
+    A `PreflightReport`: printed, a table of bytes per device by argument, by
+    top level of each tree, the largest leaves and the replicated ones, and what
+    was and was not checked; as data, `.leaves`, `.argument_bytes`,
+    `.output_bytes`, `.total_bytes`, `.by_argument()`, `.by_top_level()`,
+    `.largest(n)`, `.replicated`, `.checks`, `.as_dict()`; and, when the step
+    was compiled on `mesh` itself, `.xla_memory`: XLA's `memory_analysis()` of
+    that compile (its temporaries included).
+
+    **Raises:**
+
+    [`jaxtyping_shard.ShardingTypeCheckError`][], one for all: every mismatch by
+    path and line, and the budget exceeded (its `.report` attribute holds the
+    report). [`jaxtyping_shard.ShardingAnnotationError`][] for an annotation
+    that cannot be laid out on `mesh` (a name with no rule, a dim its mesh axes
+    do not divide: all such leaves in one error).
+    """
+    mesh = _target_mesh(mesh)
+    check_mesh = _check_mesh(check_mesh, mesh)
+    if hbm_bytes is not None and (
+        isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes <= 0
+    ):
+        raise ValueError(
+            f"preflight: hbm_bytes is a number of bytes per device (an int > 0, "
+            f"e.g. `16 * 2**30`), not {hbm_bytes!r}."
+        )
+    if not compat.top_level():
+        raise ValueError("jts.preflight traces its step itself: call it outside jit.")
+    jitted = _annotated(fn, args, kwargs)
+    name = function_name(fn)
+    compiled_on = xla_memory = None
+    with _failures.collecting() as found:
+        try:
+            traced, placed, scheduled = _trace(jitted, args, kwargs, mesh)
+            outputs = traced.out_info
+            if scheduled and check_mesh is not None:
+                compiled = _compile(jitted, args, kwargs, check_mesh)
+                compiled_on = _mesh.format_mesh(check_mesh)
+                if check_mesh is mesh:  # what XLA chose for unannotated results
+                    outputs = compiled.out_info
+                    xla_memory = compiled.memory_analysis()
+        except Exception as error:
+            if not found:
+                raise
+            # A check let through (to find the next) may leave a value JAX itself
+            # refuses further on: the mismatches found first are the cause.
+            head = _head(name, mesh)
+            stopped = f"The trace then stopped: {type(error).__name__}: {error}"
+            raise ShardingTypeCheckError(
+                "\n".join([*_mismatches(head, found), stopped])
+            ) from error
+    report = _report(name, jitted, placed, outputs, mesh, scheduled, compiled_on)
+    report.hbm_bytes, report.xla_memory = hbm_bytes, xla_memory
+    if found or report.over_budget:
+        head = _head(name, mesh)
+        lines = _mismatches(head, found) if found else []
+        if report.over_budget:
+            lines += _over_budget(head, report)
+        error = ShardingTypeCheckError("\n".join(lines))
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+def _target_mesh(mesh: Any) -> Any:
+    mesh = _bridge.resolve_mesh(mesh, "preflight")
+    if not isinstance(mesh, (Mesh, AbstractMesh)) or mesh.empty:
+        raise ValueError(
+            f"preflight needs a `jax.sharding.AbstractMesh` or `Mesh`, not {mesh!r}."
+        )
+    return mesh
+
+
+def _check_mesh(check_mesh: Any, mesh: Any) -> Optional[Mesh]:
+    if check_mesh is None:
+        return mesh if isinstance(mesh, Mesh) else None
+    if not isinstance(check_mesh, Mesh):
+        raise ValueError(
+            "preflight: check_mesh must be a concrete `jax.sharding.Mesh` (the "
+            "step is compiled on it), e.g. `jax.make_mesh((4, 2), names, "
+            f"axis_types=...)` over forced CPU devices; not {check_mesh!r}."
+        )
+    if tuple(check_mesh.axis_names) != tuple(mesh.axis_names) or tuple(
+        check_mesh.axis_types
+    ) != tuple(mesh.axis_types):
+        raise ValueError(
+            f"preflight: check_mesh {_mesh.format_mesh(check_mesh)} must have the "
+            f"axis names and types of mesh {_mesh.format_mesh(mesh)}, in order."
+        )
+    return check_mesh
+
+
+def _annotated(fn: Any, args: tuple, kwargs: dict) -> _derive.AnnotatedJit:
+    """`fn` as `jts.jit(in_shardings="annotations", ...)` would run it."""
+    if isinstance(fn, _derive.AnnotatedJit):
+        return fn.deriving_inputs()
+    while callable(getattr(fn, "lower", None)) and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__  # a `jax.jit` (or `jts.jit`) object: its function
+    if not getattr(fn, "_jts_boundary", False):
+        fn = _boundary.checked(fn)
+    static_nums = [i for i, a in enumerate(args) if not has_arrays(a)]
+    static_names = [k for k, v in kwargs.items() if not has_arrays(v)]
+    options: dict[str, Any] = {
+        "in_shardings": _derive.ANNOTATIONS,
+        "out_shardings": _derive.ANNOTATIONS,
+    }
+    if static_nums:
+        options["static_argnums"] = tuple(static_nums)
+    if static_names:
+        options["static_argnames"] = tuple(static_names)
+    return _derive.AnnotatedJit(fn, options, jax.jit)
+
+
+def _trace(jitted: Any, args: tuple, kwargs: dict, mesh: Any) -> tuple:
+    """`(traced, (positional, keyword) arguments as placed, compile-time checks
+    scheduled)`: the step traced on `mesh`."""
+    previous = _auto.watching.checks
+    scheduled: list = []
+    # Watched from the start: deriving the result's shardings traces the step
+    # first, and the trace that follows may be that one, from JAX's cache.
+    _auto.watching.checks = scheduled
+    try:
+        with compat.mesh_scope(mesh):
+            inner, pos, kw = jitted.prepared(
+                *abstract(args, mesh), **abstract(kwargs, mesh)
+            )
+            traced = inner.trace(*pos, **kw)
+    finally:
+        _auto.watching.checks = previous
+    # One per place and annotation, however many times the step was traced.
+    unique = list({(c.site, c.cls): c for _, c in scheduled}.values())
+    return traced, (pos, kw), unique
+
+
+def _compile(jitted: Any, args: tuple, kwargs: dict, check_mesh: Mesh) -> Any:
+    """Compiles the step on `check_mesh` (nothing runs): the compile-time checks
+    (Auto axes) report what XLA's partitioner chose there."""
+    with compat.mesh_scope(check_mesh):
+        inner, pos, kw = jitted.prepared(
+            *abstract(args, check_mesh), **abstract(kwargs, check_mesh)
+        )
+        return inner.lower(*pos, **kw).compile()
+
+
+def _report(
+    name: str,
+    jitted: Any,
+    placed: tuple,
+    outputs: Any,
+    mesh: Any,
+    scheduled: list,
+    compiled_on: Optional[str],
+) -> PreflightReport:
+    signature = _signature.read(jitted)
+    pos, kw = placed
+    explicit = set(mesh.axis_types) <= {AxisType.Explicit}
+    rows: list[LeafBytes] = []
+    for arg, value, hint in signature.arguments(pos, kw):
+        if not has_arrays(value):
+            continue  # static
+        if isinstance(hint, _reading.Unread):
+            hint = None  # declares nothing: its leaves count as unannotated
+        rows += _rows(arg, arg, value, hint, mesh, explicit)
+    returned = signature.hint("return")
+    rows += _rows("outputs", "outputs", outputs, returned, mesh, False)
+    unannotated = tuple(r.path for r in rows if not r.annotated)
+    not_checked = []
+    if scheduled and compiled_on is None:
+        sites = ", ".join(dict.fromkeys(c.site.describe() for c in scheduled[:3]))
+        not_checked.append(
+            f"{len(scheduled)} checks of values on Auto mesh axes, which only XLA's "
+            f"partitioner decides (e.g. {sites}): pass `check_mesh=` (a real mesh "
+            "with these axis names) to compile the step there and run them"
+        )
+    unknown = [r.path for r in rows if r.bytes_per_device is None]
+    if unknown:
+        not_checked.append(
+            f"the layout (and bytes) of {len(unknown)} leaves with no sharding "
+            f"annotated, which XLA chooses on Auto axes: {', '.join(unknown[:5])}"
+            + (", ..." if len(unknown) > 5 else "")
+        )
+    checks = Checks(
+        traced_on=_mesh.format_mesh(mesh),
+        leaves_checked=sum(r.annotated for r in rows),
+        unannotated=unannotated,
+        compile_time=len(scheduled),
+        compiled_on=compiled_on,
+        not_checked=tuple(not_checked),
+    )
+    return PreflightReport(name, mesh, rows, checks)
+
+
+def _rows(
+    group: str, name: str, value: Any, hint: Any, mesh: Any, explicit: bool
+) -> list[LeafBytes]:
+    leaves, plan = _tree.plan_for(value, hint)
+    rows = []
+    for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
+        if not is_array(leaf):
+            continue
+        sharding = getattr(leaf, "sharding", None)
+        spec = sharding.spec if isinstance(sharding, NamedSharding) else None
+        if spec is None and (
+            explicit or (sharding is not None and sharding.is_fully_replicated)
+        ):
+            # Unplaced, on Explicit axes: traced replicated; or what XLA chose.
+            spec = PartitionSpec()
+        top = name + jax.tree_util.keystr(path[:1])
+        row_path = name + jax.tree_util.keystr(path)
+        annotated = has_sharding(annotation)
+        rows.append(leaf_bytes(group, row_path, top, leaf, spec, annotated, mesh))
+    return rows
+
+
+def _head(name: str, mesh: Any) -> str:
+    return f"preflight of `{name}` on mesh {_mesh.format_mesh(mesh)}"
+
+
+def _mismatches(head: str, found: list) -> list[str]:
+    """Every mismatch, numbered in the order found, by line; the fix said once."""
+    count = len(found)
+    lines = [
+        f"{head}: {count} sharding mismatch{'es' if count > 1 else ''} (the trace "
+        "went on past each):"
+    ]
+    fix = False
+    for i, finding in enumerate(found, 1):
+        text = finding.message.replace(FIX, "").rstrip(" .")
+        fix = fix or text != finding.message.rstrip(" .")
+        where = f"{finding.location}: " if finding.location else ""
+        lines.append(f"  {i}. {where}{text}.")
+    return lines + ([FIX] if fix else [])
+
+
+def _over_budget(head: str, report: PreflightReport) -> list[str]:
+    assert report.hbm_bytes is not None
+    lines = [
+        f"{head}: {format_bytes(report.total_bytes)} per device (arguments "
+        f"{format_bytes(report.argument_bytes)} + outputs "
+        f"{format_bytes(report.output_bytes)}) is over the budget hbm_bytes="
+        f"{format_bytes(report.hbm_bytes)} ({report.hbm_bytes} bytes). Largest "
+        "per device:"
+    ]
+    for leaf in report.largest(5):
+        lines.append(
+            f"  {leaf.path}: {leaf.array}, {format_bytes(leaf.bytes_per_device)}"
+        )
+    lines.append(
+        "Shard the largest over more mesh axes (their annotations, or the rules "
+        "table), or give each device more memory."
+    )
+    return lines
