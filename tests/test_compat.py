@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jaxtyping import Array
 from packaging.requirements import Requirement
 
+import jaxtyping_shard as jts
 from jaxtyping_shard._core import compat as _compat, mesh as _mesh
 
 
@@ -169,3 +171,22 @@ def test_mesh_scope_puts_an_abstract_mesh_of_any_size_in_context():
         assert _mesh.set_concrete_mesh() is small
     with _compat.mesh_scope(small):
         assert _mesh.set_concrete_mesh() is small
+
+
+def test_eager_hot_path_reads_the_sharding_of_jax_arrays_directly():
+    # The eager check tells a `jax.Array` by its class and reads `_sharding`
+    # (the `sharding` property costs 4x): at every supported JAX the class must be
+    # the arrays' own and the attribute the property's object, or the hot path
+    # silently becomes the general one (or worse, reads another object).
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", None)))
+    assert type(x) is _compat.ARRAY_IMPL
+    assert type(jnp.ones(3)) is _compat.ARRAY_IMPL
+    assert x._sharding is x.sharding
+    # And the check itself, through the fast path: a pass, a cached pass, then an
+    # array of the same shape on another sharding refused after the cached pass.
+    A = jts.Float[Array, "b e", P("data", None)]
+    assert isinstance(x, A) and isinstance(x, A)
+    y = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P(None, "model")))
+    assert not isinstance(y, A)
+    assert isinstance(x, A)

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
+from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_reader
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
@@ -44,7 +45,11 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
     def __instancecheck__(cls, obj: Any) -> bool:
         # What `isinstance` (and so beartype's wrappers) calls: kept as shallow as
         # jaxtyping's own, so that a cached pass costs one attribute read.
-        if isinstance(obj, Tracer):
+        # A `jax.Array` is told by its class alone (`isinstance(obj, Tracer)` and
+        # `obj.sharding` cost 4x a class test and an attribute read: profiled, the
+        # bulk of the check's overhead on a cached pass).
+        array = obj.__class__ is ARRAY_IMPL
+        if not array and isinstance(obj, Tracer):
             return cls.__instancecheck_str__(obj) == ""
         if cls._skip_instancecheck:
             return True
@@ -55,11 +60,15 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         # The sharding object this annotation last accepted: arrays share their
         # sharding object, so an `is` test beats hashing it (and reading the mode:
         # a pass is a pass in every mode).
-        try:
-            if obj.sharding is cls._jts_last:
+        if array:
+            if obj._sharding is cls._jts_last:
                 return True
-        except AttributeError:  # a NumPy array, say: it lives on one device
-            pass
+        else:
+            try:
+                if obj.sharding is cls._jts_last:
+                    return True
+            except AttributeError:  # a NumPy array, say: it lives on one device
+                pass
         if mode_reader.value == "off":
             return True
         return cls._jts_sharding_str(obj) == ""
