@@ -20,6 +20,7 @@ Equinox stays optional: importing this module does not import it.
 import dataclasses
 import functools as ft
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -93,8 +94,14 @@ def filter_jit(
             f"filter_jit(donate={donate!r}): expected one of {', '.join(_DONATE)} "
             "(as eqx.filter_jit)."
         )
-    # Equinox is an optional dependency: imported only once filter_jit is used.
-    import equinox as eqx
+    try:
+        # Equinox is an optional dependency: imported only once filter_jit is used.
+        import equinox as eqx
+    except ImportError as error:
+        raise ImportError(
+            "jaxtyping_shard.filter_jit needs Equinox: `pip install "
+            "jaxtyping-shard[equinox]` (or use jaxtyping_shard.jit)."
+        ) from error
 
     checked = _boundary.checked(fun, "jaxtyping_shard.filter_jit")
     if not _derive.uses_annotations(jit_kwargs):
@@ -111,7 +118,8 @@ def filter_jit(
     donated = _donated(fun, donate)
     if donated:
         kwargs["donate_argnums"] = donated
-    return _FilterJit(_derive.AnnotatedJit(split, kwargs, jax.jit), fun)
+    quiet = donate in ("all", "all-except-first")
+    return _FilterJit(_derive.AnnotatedJit(split, kwargs, jax.jit), fun, quiet)
 
 
 def is_array(leaf: Any) -> bool:
@@ -212,14 +220,23 @@ def _donated(fun: Callable, donate: str) -> tuple:
 class _FilterJit:
     """Splits each call's arguments as `eqx.filter_jit` does and joins the result."""
 
-    def __init__(self, jitted: _derive.AnnotatedJit, fun: Callable) -> None:
-        self._jitted = jitted
+    def __init__(
+        self, jitted: _derive.AnnotatedJit, fun: Callable, quiet: bool
+    ) -> None:
+        self._jitted, self._quiet = jitted, quiet
         self.__wrapped__ = fun
         ft.update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         (args, kwargs), static = _partition((args, kwargs))
-        dynamic, rest = self._jitted(static, *args, **kwargs)
+        if self._quiet:
+            # donate="all": as eqx.filter_jit, without JAX's warning about the
+            # donated buffers no output could reuse.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Some donated buffers were not")
+                dynamic, rest = self._jitted(static, *args, **kwargs)
+        else:
+            dynamic, rest = self._jitted(static, *args, **kwargs)
         return _combine(dynamic, rest.value)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -230,4 +247,5 @@ class _FilterJit:
         return self if instance is None else ft.partial(self, instance)
 
     def __repr__(self) -> str:
-        return f"jaxtyping_shard.filter_jit({self.__wrapped__!r}, shardings from annotations)"
+        fun = self.__wrapped__
+        return f"jaxtyping_shard.filter_jit({fun!r}, shardings from annotations)"
