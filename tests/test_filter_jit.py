@@ -252,3 +252,34 @@ def test_equinox_stays_optional():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_lower_and_method(mesh_4x2):
+    # `.lower` with derived shardings moves nothing; a method is bound as
+    # eqx.filter_jit binds it.
+    def f(x: Float[Array, "b@data e"], n: int) -> Float[Array, "b@data e"]:
+        return x * n
+
+    g = jts.filter_jit(f, in_shardings="annotations", out_shardings="annotations")
+    with jax.set_mesh(mesh_4x2):
+        lowered = g.lower(jax.ShapeDtypeStruct((8, 4), jnp.float32), 2)
+    compiled = lowered.compile()
+    want = NamedSharding(mesh_4x2, P("data", None))
+    (x_in,) = jax.tree.leaves(compiled.input_shardings)
+    assert x_in.is_equivalent_to(want, 2)
+    out, _ = compiled.output_shardings  # the arrays, and the rest (no leaves)
+    assert out.is_equivalent_to(want, 2)
+
+    class Scaler(eqx.Module):
+        w: Float[Array, "a@data b"]
+
+        @jts.filter_jit
+        def __call__(self, factor):
+            return self.w * factor
+
+    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh_4x2, P("data", None)))
+    with jax.set_mesh(mesh_4x2):
+        np.testing.assert_array_equal(np.asarray(Scaler(w)(3.0)), 3.0)
+        bad = Scaler(jax.device_put(w, NamedSharding(mesh_4x2, P())))
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"self\.w"):
+            bad(3.0)

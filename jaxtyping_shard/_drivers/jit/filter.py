@@ -150,11 +150,16 @@ class _Out:
         return cls(value)
 
 
-def _partition(tree: Any) -> tuple[Any, _Static]:
-    """`(tree with only its arrays, the rest)`, as `eqx.partition(tree, is_array)`."""
+def _partition(tree: Any, abstract: bool = False) -> tuple[Any, _Static]:
+    """`(tree with only its arrays, the rest)`, as `eqx.partition(tree, is_array)`
+    (with `abstract`, a `jax.ShapeDtypeStruct` counts as an array: `lower`)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    dynamic = [leaf if is_array(leaf) else None for leaf in leaves]
-    static = tuple(None if is_array(leaf) else leaf for leaf in leaves)
+    traced = [
+        is_array(leaf) or (abstract and isinstance(leaf, jax.ShapeDtypeStruct))
+        for leaf in leaves
+    ]
+    dynamic = [leaf if t else None for leaf, t in zip(leaves, traced)]
+    static = tuple(None if t else leaf for leaf, t in zip(leaves, traced))
     return jax.tree_util.tree_unflatten(treedef, dynamic), _Static(treedef, static)
 
 
@@ -240,7 +245,9 @@ class _FilterJit:
         return _combine(dynamic, rest.value)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        (args, kwargs), static = _partition((args, kwargs))
+        """`jax.jit(...).lower` with the derived shardings; arrays may be given
+        as `jax.ShapeDtypeStruct`s."""
+        (args, kwargs), static = _partition((args, kwargs), abstract=True)
         return self._jitted.lower(static, *args, **kwargs)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
