@@ -124,11 +124,13 @@ def test_planted_leaf_caught_on_mixed_mesh():
             f(bad, jnp.ones((4, 8)), 1.0)
 
 
-def test_warm_cache_change_placement_call_again(mesh_4x2):
+@pytest.mark.parametrize("annotations", [False, True])
+def test_warm_cache_change_placement_call_again(mesh_4x2, annotations):
     # Call (compiled, cached), change one leaf's placement (a new signature for
     # JAX's caches), call again: caught; the good tree still runs from the cache.
     model = make_model(mesh_4x2)
-    f = jts.filter_jit(forward)
+    kwargs = {"in_shardings": "annotations"} if annotations else {}
+    f = jts.filter_jit(forward, **kwargs)
     x = jnp.ones((4, 8))
     with jax.set_mesh(mesh_4x2):
         first = f(model, x, 1.0)
