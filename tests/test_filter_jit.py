@@ -234,6 +234,10 @@ def test_return_checked_by_path(mesh_explicit):
 def test_rejects_jit_keywords():
     with pytest.raises(ValueError, match="static_argnums"):
         jts.filter_jit(forward, static_argnums=2)
+    with pytest.raises(ValueError, match="static_argnums"):
+        jts.filter_jit(forward, in_shardings="annotations", static_argnums=2)
+    with pytest.raises(ValueError, match="in_shardings"):
+        jts.filter_jit(forward, in_shardings=None)
 
 
 def test_equinox_stays_optional():

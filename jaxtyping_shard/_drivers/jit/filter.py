@@ -33,6 +33,7 @@ from . import boundary as _boundary, derive as _derive
 
 _DONATE = ("all", "all-except-first", "warn", "warn-except-first", "none")
 _STATIC = "_jts_static"
+_ACCEPTED = ("in_shardings", "out_shardings", "reshard_inputs")
 
 
 def filter_jit(
@@ -104,14 +105,15 @@ def filter_jit(
         ) from error
 
     checked = _boundary.checked(fun, "jaxtyping_shard.filter_jit")
-    if not _derive.uses_annotations(jit_kwargs):
-        if jit_kwargs:
-            raise ValueError(
-                f"filter_jit({', '.join(jit_kwargs)}=...): eqx.filter_jit takes "
-                "no jax.jit keyword arguments; the only ones accepted here are "
-                "in_shardings='annotations', out_shardings='annotations' and "
-                "reshard_inputs=True."
-            )
+    others = [k for k in jit_kwargs if k not in _ACCEPTED]
+    if others or not (_derive.uses_annotations(jit_kwargs) or not jit_kwargs):
+        raise ValueError(
+            f"filter_jit({', '.join(others or jit_kwargs)}=...): eqx.filter_jit "
+            "takes no jax.jit keyword arguments (every non-array leaf is static "
+            "already); the only ones accepted here are in_shardings='annotations', "
+            "out_shardings='annotations' and reshard_inputs=True."
+        )
+    if not jit_kwargs:
         return eqx.filter_jit(checked, donate=donate)
     split = _split_function(fun, checked)
     kwargs = dict(jit_kwargs, static_argnums=(0,))
