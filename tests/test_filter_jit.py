@@ -289,3 +289,24 @@ def test_lower_and_method(mesh_4x2):
         bad = Scaler(jax.device_put(w, NamedSharding(mesh_4x2, P())))
         with pytest.raises(jts.ShardingTypeCheckError, match=r"self\.w"):
             bad(3.0)
+
+
+def test_module_result_laid_out_as_annotated(mesh_4x2):
+    # A module with a stock layer, given as host data and returned: its annotated
+    # leaf placed and laid out as annotated, its callable fields passed through.
+    class Holder(eqx.Module):
+        w: Float[Array, "a@data b"]
+        mlp: eqx.nn.MLP
+
+    def scale(m: Holder, s: float) -> Holder:
+        return eqx.tree_at(lambda t: t.w, m, m.w * s)
+
+    f = jts.filter_jit(scale, in_shardings="annotations", out_shardings="annotations")
+    mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    with jax.set_mesh(mesh_4x2):
+        out = f(Holder(np.ones((8, 4), np.float32), mlp), 2.0)
+        out = f(out, 3.0)  # the result goes back in as committed
+    want = NamedSharding(mesh_4x2, P("data", None))
+    assert out.w.sharding.is_equivalent_to(want, 2)
+    assert out.mlp.activation is mlp.activation
+    np.testing.assert_array_equal(np.asarray(out.w), 6.0)
