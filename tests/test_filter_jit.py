@@ -275,6 +275,9 @@ def test_lower_and_method(mesh_4x2):
     assert x_in.is_equivalent_to(want, 2)
     out, _ = compiled.output_shardings  # the arrays, and the rest (no leaves)
     assert out.is_equivalent_to(want, 2)
+    with jax.set_mesh(mesh_4x2):
+        shape = g.eval_shape(jax.ShapeDtypeStruct((8, 4), jnp.float32), 2)
+    assert shape.shape == (8, 4) and shape.sharding.is_equivalent_to(want, 2)
 
     class Scaler(eqx.Module):
         w: Float[Array, "a@data b"]

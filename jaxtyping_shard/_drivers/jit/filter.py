@@ -80,7 +80,8 @@ def filter_jit(
     **Returns:**
 
     The compiled function (`eqx.filter_jit`'s object; with `"annotations"`, a
-    wrapper that derives the shardings per call signature).
+    wrapper that derives the shardings per call signature, with `.lower` and
+    `.eval_shape`, which take `jax.ShapeDtypeStruct`s for arrays).
 
     **Raises:**
 
@@ -251,6 +252,13 @@ class _FilterJit:
         as `jax.ShapeDtypeStruct`s."""
         (args, kwargs), static = _partition((args, kwargs), abstract=True)
         return self._jitted.lower(static, *args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The result as `jax.ShapeDtypeStruct`s (with the derived shardings),
+        its non-array leaves as they are; nothing runs."""
+        (args, kwargs), static = _partition((args, kwargs), abstract=True)
+        dynamic, rest = self._jitted.eval_shape(static, *args, **kwargs)
+        return _combine(dynamic, rest.value)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         return self if instance is None else ft.partial(self, instance)
