@@ -20,6 +20,7 @@ from ._drivers.init.sharded_init import (
     abstract as abstract,
     sharded_init as sharded_init,
 )
+from ._drivers.jit.filter import filter_jit as filter_jit
 from ._drivers.jit.jit import jit as jit, sharding_errors as sharding_errors
 from ._drivers.place.place import (
     local_rows as local_rows,
@@ -146,7 +147,8 @@ __all__ = [
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
     "abstract",
-    "axis_rules", "check_tree", "explain", "format_spec", "get_axis_rules",
+    "axis_rules", "check_tree", "explain", "filter_jit", "format_spec",
+    "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",

@@ -29,8 +29,9 @@ from ..._trees import (
 from ..._trees.signature import read
 
 
-def checked(fun: Callable) -> Callable:
-    """`fun`, checking the sharded leaves of its arguments and result."""
+def checked(fun: Callable, what: str = "jaxtyping_shard.jit") -> Callable:
+    """`fun`, checking the sharded leaves of its arguments and result (`what`:
+    the wrapper messages name, as `what(fun)`)."""
     info: list = []  # the signature, read at the first call
     entry = Entry(fun, _hints.field_hints)
 
@@ -43,7 +44,7 @@ def checked(fun: Callable) -> Callable:
             info.append(read(fun))
         signature = info[0]
         name = signature.name
-        where = f"jaxtyping_shard.jit({name})"
+        where = f"{what}({name})"
         failures: list = []
         structure: list = []
         counts = _leaves.Counts()
