@@ -14,6 +14,7 @@ from .._layout.spec import has_sharding
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
 from . import leaves as _leaves, paths as _paths, walk as _tree
+from .like import params_shaped
 from .stacked import rank_mismatch, stacked_prefixes
 
 
@@ -143,7 +144,7 @@ def check_tree(
         if annotations is not None or rules is not None:
             raise ValueError("check_tree: give `like` or annotations/rules, not both.")
         leaves, plan = _tree.plan_for(tree)
-        checkers = _like_checkers(plan.paths, like, stacked)
+        checkers = _like_checkers(plan.paths, like, stacked, tree, leaves)
     else:
         leaves, plan = _tree.plan_for(tree, annotations, rules)
         checkers = checkers_of(plan)
@@ -221,18 +222,38 @@ def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partit
     return PartitionSpec(*lead, *entries)
 
 
-def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
+def _like_checkers(
+    paths: tuple,
+    like: Any,
+    stacked: Any = None,
+    tree: Any = None,
+    leaves: Optional[list] = None,
+) -> tuple:
     like_leaves, like_plan = _tree.plan_for(like)
     leads = stacked_prefixes(like_plan.paths, stacked)
-    by_path = {
-        tuple(map(_paths.key_id, p)): (leaf, annotation, p, lead)
-        for leaf, annotation, p, lead in zip(
-            like_leaves, like_plan.annotations, like_plan.paths, leads
-        )
-    }
+    entries = list(
+        zip(like_leaves, like_plan.annotations, like_plan.paths, leads, strict=True)
+    )
+    by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
+    ids = [tuple(map(_paths.key_id, path)) for path in paths]
+    state = None
+    if tree is not None and any(i not in by_path for i in ids):
+        # Not the parameters' structure: an optimiser state holding it (moments
+        # laid out as the parameters, every other leaf replicated).
+        state = params_shaped(tree, like_plan.treedef)
     out: list[Any] = []
-    for path in paths:
-        found = by_path.get(tuple(map(_paths.key_id, path)))
+    for i, (path, key) in enumerate(zip(paths, ids)):
+        if state is not None:
+            index = state.get(key)
+            found = None if index is None else entries[index]
+            if found is None or not _same_shape(leaves, i, found[0]):
+                # A count, a hyperparameter; or a statistic of another shape in
+                # a params-shaped subtree (adafactor's factored moments, a row
+                # and a column per weight): replicated.
+                out.append(spec_check(PartitionSpec()))
+                continue
+        else:
+            found = by_path.get(key)
         if found is None:
             out.append(
                 _leaves.Missing(
@@ -253,6 +274,11 @@ def _like_checkers(paths: tuple, like: Any, stacked: Any = None) -> tuple:
             spec = _like_spec(leaf, annotation, like_path)
         out.append(_like_check(leaf, spec))
     return tuple(out)
+
+
+def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:
+    shape = getattr(like_leaf, "shape", None)
+    return leaves is None or getattr(leaves[i], "shape", None) == shape
 
 
 def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
