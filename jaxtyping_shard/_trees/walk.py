@@ -64,7 +64,7 @@ from jax.sharding import PartitionSpec
 from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
-from . import hints as _hints, paths as _paths, reading as _reading
+from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
 
 
 class Leaf(NamedTuple):
@@ -158,6 +158,8 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
 def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
+    if _nnx.is_variable(node):
+        hint = _with_metadata(node, path, hint)
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
@@ -176,6 +178,27 @@ def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
     ):
         if child is not None:
             _visit(child, (*path, key), child_hint, walk, note)
+
+
+def _with_metadata(node: Any, path: tuple, hint: Any) -> Any:
+    """A Flax NNX Variable's hint: its `out_sharding` metadata where nothing else
+    speaks; a field annotation that disagrees with it is an error (`_trees/nnx.py`).
+    An annotation tree or a path rule given by the caller wins."""
+    meta = _nnx.metadata_annotation(node)
+    if meta is None:
+        return hint
+    if isinstance(hint, _Prefix):
+        if hint.node is not None:
+            return hint
+        hint = None
+    field = _hints.leaf_annotation(hint)
+    if field is None:
+        return meta
+    kids = _children(node) or []
+    ndim = len(getattr(kids[0][1], "shape", ())) if kids else 0
+    if not _nnx.agree(field, meta, ndim):
+        raise _nnx.disagreement(_paths.path_name("model", path), field, meta)
+    return hint
 
 
 def _checked_leaf(annotation: Any, path: tuple) -> Any:
