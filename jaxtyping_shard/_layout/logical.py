@@ -107,6 +107,24 @@ def _mesh_or_logical(names: tuple, source: str) -> MeshOrLogical:
     return MeshOrLogical(*names, source=source)
 
 
+# How a `MeshOrLogical` becomes an annotation class (`Shaped[Array, dims,
+# marker]`): set by `_annotation/dtypes.py` when it is imported (the package's
+# `__init__` imports it first). The tree walk (`_trees/nnx.py`) makes NNX
+# metadata annotations through it: importing the annotation stage from the walk
+# would make the chain of imports from `jaxtyping_shard.demo` 13 modules long
+# (the house holds it to 10); the direction of imports is unchanged.
+_annotation_maker: list = []
+
+
+def register_annotation_maker(make: Any) -> None:
+    _annotation_maker[:] = [make]
+
+
+def annotation_for(dims: str, marker: MeshOrLogical) -> Any:
+    """The annotation class for `dims` and `marker` (`register_annotation_maker`)."""
+    return _annotation_maker[0](dims, marker)
+
+
 def is_logical(arg: Any) -> bool:
     return arg is Logical or isinstance(arg, Logical)
 

@@ -54,7 +54,9 @@ def resolve(
     return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where)
 
 
-def rules_for(layout: Any, axes: Any, rules: Optional[AxisRules]) -> Optional[AxisRules]:
+def rules_for(
+    layout: Any, axes: Any, rules: Optional[AxisRules]
+) -> Optional[AxisRules]:
     """The rules a layout resolves by: those given, and for a `direct` layout (Flax
     NNX metadata) `axis -> axis` for each name with no rule that the mesh has
     (every such name when the mesh is not known), as Flax reads them."""
@@ -132,7 +134,8 @@ def physical_layout(
     else:
         shown = rules_for(layout, mesh, rules)
         assert shown is not None  # resolve raised otherwise
-        how = f"by the axis rules {shown.describe(only=ruled if layout.direct else names)}"
+        only = ruled if layout.direct else names
+        how = f"by the axis rules {shown.describe(only=only)}"
         if layout.direct and len(ruled) < len(names):
             how += ", other names taken as mesh axes"
     text = f"{_spec.format_entries(entries)} (from {layout.text} {how})"
@@ -301,7 +304,8 @@ def _conflict_message(i, names, tried, rules, layout, where) -> str:
             repr(other) if j == i else repr(n) for j, n in enumerate(names)
         )
     return (
-        f"{head}{_flax_note(layout, names, rules)} Fixes: replicate the later dim with `jts.axis_rules(rules, "
+        f"{head}{_flax_note(layout, names, rules)} Fixes: replicate the later dim "
+        "with `jts.axis_rules(rules, "
         f"conflicts='first')` (FSDP on a square weight); shard the dims by "
         f"different rules without renaming the size names, "
         f"`Logical({renamed})` with a rule for {other!r}; or give {name!r} a "

@@ -17,13 +17,12 @@ Flax is never imported: a Variable is known by its class (a class named
 import functools as ft
 from typing import Any
 
+import jax
 from jax.sharding import NamedSharding, PartitionSpec
-from jaxtyping import Array
 
-from .._annotation.dtypes import Shaped
 from .._core.errors import ShardingAnnotationError
 from .._layout import given as _given, resolve as _resolve, spec as _spec
-from .._layout.logical import MeshOrLogical
+from .._layout.logical import annotation_for, MeshOrLogical
 from .._rules.scope import current as _current_rules
 
 
@@ -58,7 +57,10 @@ def _hashable(sharding: Any) -> Any:
     if isinstance(sharding, PartitionSpec):
         return ("spec", sharding)
     if isinstance(sharding, (tuple, list)):
-        return ("names", tuple(tuple(x) if isinstance(x, list) else x for x in sharding))
+        return (
+            "names",
+            tuple(tuple(x) if isinstance(x, list) else x for x in sharding),
+        )
     return ("other", repr(sharding))
 
 
@@ -76,10 +78,26 @@ def _annotation(key: tuple) -> Any:
         if not names:
             return PartitionSpec()
         dims = " ".join(["_"] * len(names) + ["..."])
-        return Shaped[Array, dims, MeshOrLogical(*names, None, source=source)]
+        return annotation_for(dims, MeshOrLogical(*names, None, source=source))
     # Several mesh axes for one dim (`('data', 'fsdp')`): Flax looks a tuple up as
     # one name, which no rule has, so it reads them as mesh axes.
     return PartitionSpec(*names)
+
+
+def with_metadata(node: Any, where: str, hint: Any, field: Any) -> Any:
+    """A Variable's hint: its metadata's annotation where the hint from above
+    declares nothing (`field`: what it says of one array, `None` for nothing);
+    the hint, when they agree; an error naming `where` when not."""
+    meta = metadata_annotation(node)
+    if meta is None:
+        return hint
+    if field is None:
+        return meta
+    values = jax.tree_util.tree_leaves(node)
+    ndim = len(getattr(values[0], "shape", ())) if values else 0
+    if not agree(field, meta, ndim):
+        raise disagreement(where, field, node)
+    return hint
 
 
 def agree(field: Any, meta: Any, ndim: int) -> bool:
@@ -110,12 +128,14 @@ def _trim(entries: tuple) -> tuple:
     return tuple(out)
 
 
-def disagreement(path_text: str, field: Any, meta: Any) -> ShardingAnnotationError:
+def disagreement(path_text: str, field: Any, node: Any) -> ShardingAnnotationError:
+    written = node.get_metadata().get("out_sharding")
     return ShardingAnnotationError(
         f"`{path_text}`: the field annotation {_given.describe(field)} and the "
-        f"Variable's {_given.describe(meta)} disagree (under the axis rules in "
-        f"force: {_rules_text()}). Say the layout once: drop the field annotation "
-        "(the NNX metadata is read as an annotation) or make the two agree."
+        f"Variable's NNX metadata out_sharding={written!r} disagree (under the "
+        f"axis rules in force: {_rules_text()}). Say the layout once: drop the "
+        "field annotation (the NNX metadata is read as an annotation) or make the "
+        "two agree."
     )
 
 

@@ -64,6 +64,7 @@ from jax.sharding import PartitionSpec
 from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
+from .._rules.scope import current as _current_rules
 from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
 
 
@@ -158,8 +159,13 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
 def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
-    if _nnx.is_variable(node):
-        hint = _with_metadata(node, path, hint)
+    if _nnx.is_variable(node) and not (
+        isinstance(hint, _Prefix) and hint.node is not None
+    ):
+        # An annotation tree or path rule the caller gives wins over NNX metadata.
+        hint = None if isinstance(hint, _Prefix) else hint
+        where = _paths.path_name("model", path)
+        hint = _nnx.with_metadata(node, where, hint, _hints.leaf_annotation(hint))
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
@@ -178,27 +184,6 @@ def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
     ):
         if child is not None:
             _visit(child, (*path, key), child_hint, walk, note)
-
-
-def _with_metadata(node: Any, path: tuple, hint: Any) -> Any:
-    """A Flax NNX Variable's hint: its `out_sharding` metadata where nothing else
-    speaks; a field annotation that disagrees with it is an error (`_trees/nnx.py`).
-    An annotation tree or a path rule given by the caller wins."""
-    meta = _nnx.metadata_annotation(node)
-    if meta is None:
-        return hint
-    if isinstance(hint, _Prefix):
-        if hint.node is not None:
-            return hint
-        hint = None
-    field = _hints.leaf_annotation(hint)
-    if field is None:
-        return meta
-    kids = _children(node) or []
-    ndim = len(getattr(kids[0][1], "shape", ())) if kids else 0
-    if not _nnx.agree(field, meta, ndim):
-        raise _nnx.disagreement(_paths.path_name("model", path), field, meta)
-    return hint
 
 
 def _checked_leaf(annotation: Any, path: tuple) -> Any:
@@ -237,8 +222,8 @@ def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> _Walk:
     if annotations is not None:
         if _hints.is_annotation_leaf(annotations):
             _hints.validate_given(annotations, "annotations")
-        leaf = _hints.is_annotation_leaf(annotations)
-        hint = annotations if leaf else _Prefix(annotations)
+        # A leaf too: given by the caller, it wins over NNX metadata.
+        hint = _Prefix(annotations)
     else:
         hint = None
     walk = _Walk()
@@ -252,7 +237,14 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
     """`(leaves, plan)`; see the module docstring."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     try:
-        key: Any = (treedef, _annotations_key(annotations), _rules_key(rules))
+        # The rules in force too: a field annotation is compared with a Flax NNX
+        # Variable's metadata under them (`_with_metadata`).
+        key: Any = (
+            treedef,
+            _annotations_key(annotations),
+            _rules_key(rules),
+            _current_rules(),
+        )
         plan = _plans.get(key)
     except (TypeError, ValueError):  # unhashable aux data or annotations
         key, plan = None, None
