@@ -282,7 +282,15 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
 def _conflict_message(i, names, tried, rules, layout, where) -> str:
     name = names[i]
     options = rules.candidates(name)
-    if len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
+    if not tried and rules.linen:
+        k = names.index(name)
+        head = (
+            f"{where}: dims {k} and {i} are both named `{name}`, and a list of "
+            f"pairs gives each rule to the first dim of its name only (as Flax "
+            f"Linen reads it), so dim {i} has none under the axis rules "
+            f"{rules.describe()}."
+        )
+    elif len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
         candidate, _, k = tried[0]
         axes = " and ".join(repr(a) for a in candidate)
         head = (
