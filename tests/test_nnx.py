@@ -173,3 +173,12 @@ def test_explicit_annotation_tree_wins_over_metadata(mesh):
     with jts.axis_rules(RULES):
         got = jts.shardings(p, mesh=mesh, annotations=P("model"))
     assert got.get_value().spec == P("model", None)
+
+
+def test_explain_reads_the_metadata():
+    mesh = MESHES["explicit"]()
+    with jts.axis_rules(RULES):
+        text = str(jts.explain(build(), mesh=mesh))
+    assert "blocks[1].w_in.value" in text
+    assert "float32[8@data,16@model]" in text
+    assert "embed mlp" in text  # the logical names, from the metadata

@@ -141,3 +141,31 @@ def test_optimizer_state_follows_the_params(scope):
     text = str(info.value)
     assert "optimizer.opt_state[0].mu['w'].value" in text
     assert "1 of 4 checked leaves" in text  # mu and nu of w and b; only mu of w
+
+
+def test_scan_over_stacked_layers(scope):
+    """Inside `nnx.scan` each layer's metadata loses the stacked axis, and the
+    layer is checked as one."""
+    mesh = scope
+    meta = {nnx.PARTITION_NAME: "layers"}
+
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata=meta)
+    def stack(key):
+        with nnx.use_eager_sharding(False):
+            return Mlp(nnx.Rngs(key))
+
+    layers = stack(jax.random.split(jax.random.key(0), 3))
+    layers = jax.device_put(layers, jts.shardings(layers, mesh=mesh))
+    seen = []
+
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry, transform_metadata=meta)
+    def run(layer, x):
+        seen.append(layer.w.get_metadata()["out_sharding"])
+        jts.check_tree(layer, name="layer")
+        return x + jnp.sum(layer.w[...])
+
+    run(layers, jnp.zeros(()))
+    assert seen == [("embed", "mlp")]
+    with jts.axis_rules({**RULES, "mlp": None}):
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w\.value"):
+            run(layers, jnp.zeros(()))
