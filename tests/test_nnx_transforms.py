@@ -169,3 +169,19 @@ def test_scan_over_stacked_layers(scope):
     with jts.axis_rules({**RULES, "mlp": None}):
         with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w\.value"):
             run(layers, jnp.zeros(()))
+
+
+def test_plain_optax_state_over_nnx_params_follows_them(scope):
+    """An optax state made from `nnx.state(model, nnx.Param)` (without
+    nnx.Optimizer) holds Variables too, metadata included (JAX keeps a pytree
+    node's aux data through `tree_map`): checked with nothing written."""
+    mesh = scope
+    params = nnx.state(_placed(mesh), nnx.Param)
+    state = optax.adam(1e-3).init(params)
+    summary = jts.check_tree(state, name="opt_state", summary=True)
+    assert summary.checked == 4  # mu and nu of w and b
+    bad = optax.adam(1e-3).init(
+        jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), params)
+    )
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"opt_state\[0\]\.mu\['w'\]"):
+        jts.check_tree(bad, name="opt_state")
