@@ -185,3 +185,21 @@ def test_plain_optax_state_over_nnx_params_follows_them(scope):
     )
     with pytest.raises(jts.ShardingTypeCheckError, match=r"opt_state\[0\]\.mu\['w'\]"):
         jts.check_tree(bad, name="opt_state")
+
+
+def test_nnx_jit_rules_change_retraces(scope):
+    """Warm under one table, change it, call again: JAX's caches do not skip the
+    check (the rules are in their key), and the first table passes again."""
+    mesh = scope
+
+    @nnx.jit
+    def step(model):
+        jts.check_tree(model, name="model")
+        return model.w.get_value().sum()
+
+    model = _placed(mesh)
+    step(model)
+    with jts.axis_rules({**RULES, "embed": None}):
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"model\.w\.value"):
+            step(model)
+    step(model)
