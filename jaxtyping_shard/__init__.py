@@ -42,6 +42,7 @@ from ._report.memory import PreflightReport as PreflightReport
 from ._report.preflight import preflight as preflight
 from ._rules.scope import (
     axis_rules as axis_rules,
+    flax_rules as flax_rules,
     get_axis_rules as get_axis_rules,
     set_axis_rules as set_axis_rules,
 )
@@ -147,7 +148,7 @@ __all__ = [
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
     "abstract",
-    "axis_rules", "check_tree", "explain", "filter_jit", "format_spec",
+    "axis_rules", "check_tree", "explain", "filter_jit", "flax_rules", "format_spec",
     "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",

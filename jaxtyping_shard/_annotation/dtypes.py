@@ -25,7 +25,7 @@ from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_reader
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
-from .._layout.logical import is_logical, logical_layout
+from .._layout.logical import is_logical, logical_layout, register_annotation_maker
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
 from .._verdict import inputs as _inputs, manual as _manual
@@ -377,3 +377,5 @@ DTYPE_NAMES = (
     "Int4 Int8 Int16 Int32 Int64 Integer Key Num Real Shaped UInt UInt2 UInt4 UInt8 "
     "UInt16 UInt32 UInt64"
 ).split()
+
+register_annotation_maker(lambda dims, marker: Shaped[jax.Array, dims, marker])

@@ -70,10 +70,10 @@ class Logical(metaclass=_LogicalMeta):
         raise AttributeError("Logical is immutable")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Logical) and self.names == other.names
+        return type(other) is type(self) and self.names == other.names  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(("Logical", self.names))
+        return hash((type(self).__name__, self.names))
 
     def __repr__(self) -> str:
         return f"Logical({', '.join(repr(n) for n in self.names)})"
@@ -83,6 +83,46 @@ class Logical(metaclass=_LogicalMeta):
 
 
 Logical.__module__ = "jaxtyping_shard"
+
+
+class MeshOrLogical(Logical):
+    """Logical names where a rule names them, else mesh axes: how Flax NNX reads
+    a Variable's `out_sharding` metadata (`_trees/nnx.py` makes these; not public).
+    `source` says where the names were written, for messages."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, *names: Optional[str], source: str = "NNX metadata"):
+        super().__init__(*names)
+        object.__setattr__(self, "source", source)
+
+    def __repr__(self) -> str:
+        return self.source
+
+    def __reduce__(self) -> Any:  # pragma: no cover - made per Variable, not pickled
+        return (_mesh_or_logical, (self.names, self.source))
+
+
+def _mesh_or_logical(names: tuple, source: str) -> MeshOrLogical:
+    return MeshOrLogical(*names, source=source)
+
+
+# How a `MeshOrLogical` becomes an annotation class (`Shaped[Array, dims,
+# marker]`): set by `_annotation/dtypes.py` when it is imported (the package's
+# `__init__` imports it first). The tree walk (`_trees/nnx.py`) makes NNX
+# metadata annotations through it: importing the annotation stage from the walk
+# would make the chain of imports from `jaxtyping_shard.demo` 13 modules long
+# (the house holds it to 10); the direction of imports is unchanged.
+_annotation_maker: list = []
+
+
+def register_annotation_maker(make: Any) -> None:
+    _annotation_maker[:] = [make]
+
+
+def annotation_for(dims: str, marker: MeshOrLogical) -> Any:
+    """The annotation class for `dims` and `marker` (`register_annotation_maker`)."""
+    return _annotation_maker[0](dims, marker)
 
 
 def is_logical(arg: Any) -> bool:
@@ -118,8 +158,9 @@ def logical_layout(dim_str: str, marker: Any, where: str) -> LogicalLayout:
                 f"{dims[variadic_at]!r}, whose rank is not known; give None there."
             )
         text = f"{marker!r}"
+    direct = isinstance(marker, MeshOrLogical)
     if variadic_at is None:
-        return LogicalLayout(tuple(names), (), False, text)
+        return LogicalLayout(tuple(names), (), False, text, direct)
     prefix = tuple(names[:variadic_at])
     suffix = tuple(names[variadic_at + 1 :])
-    return LogicalLayout(prefix, suffix, True, text)
+    return LogicalLayout(prefix, suffix, True, text, direct)

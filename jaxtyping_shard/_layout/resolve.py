@@ -51,7 +51,51 @@ def resolve(
     if isinstance(layout, _spec.Layout):
         return layout.entries(ndim)
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
-    return _resolve(layout, shape, axes, rules, where)
+    return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where)
+
+
+def rules_for(
+    layout: Any, axes: Any, rules: Optional[AxisRules]
+) -> Optional[AxisRules]:
+    """The rules a layout resolves by: those given, and for a `direct` layout (Flax
+    NNX metadata) `axis -> axis` for each name with no rule that the mesh has
+    (every such name when the mesh is not known), as Flax reads them."""
+    if not isinstance(layout, LogicalLayout) or not layout.direct:
+        return rules
+    if axes is not None and not isinstance(axes, tuple):
+        axes = (tuple(axes.axis_names), tuple(axes.axis_sizes))  # a mesh
+    names = [n for n in layout.prefix + layout.suffix if n is not None]
+    free = [n for n in names if rules is None or rules.candidates(n) is None]
+    if axes is not None:
+        free = [n for n in free if n in axes[0]]
+    return (rules or AxisRules({})).with_mesh_axes(free)
+
+
+def flax_reading(layout: LogicalLayout, ndim: int, rules: Optional[AxisRules]) -> str:
+    """The `PartitionSpec` Flax NNX resolves a layout to (`nnx.get_partition_spec`
+    under `nnx.logical_axis_rules` with the same table: the last rule of a name
+    wins, a name no rule maps is kept as a mesh axis), for messages."""
+    table = dict(rules.pairs) if rules is not None else {}
+    shown = []
+    for name in layout.names(ndim):
+        if name is None:
+            shown.append("None")
+        elif name in table:
+            shown.append(format_candidate(table[name]))
+        else:
+            shown.append(repr(name))
+    return f"P({', '.join(shown)})"
+
+
+def _flax_note(layout: Any, names: Any, rules: Optional[AxisRules]) -> str:
+    if not isinstance(layout, LogicalLayout) or not layout.direct:
+        return ""
+    return (
+        f" Flax would resolve it to {flax_reading(layout, len(names), rules)} (the "
+        "last rule of a name wins; a name no rule maps is passed to the mesh as "
+        "an axis), which JAX refuses or which shards otherwise than the rules "
+        "say; jaxtyping_shard is stricter."
+    )
 
 
 def depends_on_shape(
@@ -60,7 +104,10 @@ def depends_on_shape(
     """Whether `resolve` may give another answer with the shape than with the
     rank alone: a logical layout under rules that test divisibility (a name with
     several candidates, or `conflicts="fallback"`)."""
-    if not isinstance(layout, LogicalLayout) or rules is None:
+    if not isinstance(layout, LogicalLayout):
+        return False
+    rules = rules_for(layout, None, rules)
+    if rules is None:
         return False
     if rules.conflicts == "fallback":
         return True
@@ -81,11 +128,17 @@ def physical_layout(
     entries = resolve(layout, shape, mesh, rules, where)
     ndim = shape if isinstance(shape, int) else len(shape)
     names = [n for n in layout.names(ndim) if n is not None]
-    assert rules is not None  # resolve raised otherwise
-    text = (
-        f"{_spec.format_entries(entries)} (from {layout.text} by the axis rules "
-        f"{rules.describe(only=names)})"
-    )
+    ruled = [n for n in names if rules is not None and rules.candidates(n)]
+    if layout.direct and not ruled:
+        how = "its names taken as mesh axes"
+    else:
+        shown = rules_for(layout, mesh, rules)
+        assert shown is not None  # resolve raised otherwise
+        only = ruled if layout.direct else names
+        how = f"by the axis rules {shown.describe(only=only)}"
+        if layout.direct and len(ruled) < len(names):
+            how += ", other names taken as mesh axes"
+    text = f"{_spec.format_entries(entries)} (from {layout.text} {how})"
     return _spec.Layout(entries, (), text)
 
 
@@ -118,6 +171,7 @@ def check_resolvable(
     if not isinstance(layout, LogicalLayout):
         return
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
+    rules = rules_for(layout, axes, rules)
     names = layout.names(layout.min_rank)
     sizes = _validate(layout, names, axes, rules, where)
     assert rules is not None  # `_validate` raised otherwise
@@ -145,6 +199,8 @@ def _validate(layout, names, axes, rules, where) -> Optional[dict]:
             f"{listed} ({layout.text}). The rules in force: {rules.describe()}. Add "
             f"a rule for each: mesh axes to shard it, or None to replicate it on "
             f"purpose (e.g. {{{', '.join(f'{n!r}: None' for n in unknown)}}})."
+            + (" The mesh has no such axis either." if layout.direct else "")
+            + _flax_note(layout, names, rules)
         )
     sizes = None if axes is None else dict(zip(*axes))
     if sizes is not None:
@@ -226,7 +282,15 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
 def _conflict_message(i, names, tried, rules, layout, where) -> str:
     name = names[i]
     options = rules.candidates(name)
-    if len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
+    if not tried and rules.linen:
+        k = names.index(name)
+        head = (
+            f"{where}: dims {k} and {i} are both named `{name}`, and a list of "
+            f"pairs gives each rule to the first dim of its name only (as Flax "
+            f"Linen reads it), so dim {i} has none under the axis rules "
+            f"{rules.describe()}."
+        )
+    elif len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
         candidate, _, k = tried[0]
         axes = " and ".join(repr(a) for a in candidate)
         head = (
@@ -248,7 +312,8 @@ def _conflict_message(i, names, tried, rules, layout, where) -> str:
             repr(other) if j == i else repr(n) for j, n in enumerate(names)
         )
     return (
-        f"{head} Fixes: replicate the later dim with `jts.axis_rules(rules, "
+        f"{head}{_flax_note(layout, names, rules)} Fixes: replicate the later dim "
+        "with `jts.axis_rules(rules, "
         f"conflicts='first')` (FSDP on a square weight); shard the dims by "
         f"different rules without renaming the size names, "
         f"`Logical({renamed})` with a rule for {other!r}; or give {name!r} a "

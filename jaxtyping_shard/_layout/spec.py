@@ -207,18 +207,28 @@ class LogicalLayout:
     """The logical names of an annotation's dims, rank-independent.
 
     Like `Layout`: `prefix` names the dims before a variadic dim, `suffix`
-    those after it. It has no spec of its own: `resolve` gives one.
+    those after it. It has no spec of its own: `resolve` gives one. `direct`: a
+    name with no rule that names an axis of the mesh is that axis, as Flax NNX
+    reads its `out_sharding` metadata (`_trees/nnx.py`).
     """
 
-    __slots__ = ("prefix", "suffix", "variadic", "text", "min_rank", "_hash")
+    __slots__ = ("prefix", "suffix", "variadic", "text", "min_rank", "direct", "_hash")
 
-    def __init__(self, prefix: Names, suffix: Names, variadic: bool, text: str):
+    def __init__(
+        self,
+        prefix: Names,
+        suffix: Names,
+        variadic: bool,
+        text: str,
+        direct: bool = False,
+    ):
         self.prefix = prefix
         self.suffix = suffix
         self.variadic = variadic
         self.text = text
+        self.direct = direct
         self.min_rank = len(prefix) + len(suffix)
-        self._hash = hash((prefix, suffix, variadic))
+        self._hash = hash((prefix, suffix, variadic, direct))
 
     def names(self, ndim: int) -> Names:
         if not self.variadic:
@@ -229,10 +239,11 @@ class LogicalLayout:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LogicalLayout):
             return NotImplemented
-        return (self.prefix, self.suffix, self.variadic) == (
+        return (self.prefix, self.suffix, self.variadic, self.direct) == (
             other.prefix,
             other.suffix,
             other.variadic,
+            other.direct,
         )
 
     def __hash__(self) -> int:

@@ -192,3 +192,57 @@ def set_axis_rules(
 def get_axis_rules() -> Optional[AxisRules]:
     """The logical axis rules in force here (`None` if none are set)."""
     return current()
+
+
+def flax_rules(
+    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None] = None,
+) -> tuple[tuple[str, Any], ...]:
+    """The rules as Flax NNX takes them: `(name, mesh_axes)` pairs for
+    `nnx.logical_axis_rules`, so that Flax's own eager sharding and
+    `nnx.eval_shape` resolve a module's metadata as these rules do.
+
+    !!! Example
+
+        ```python
+        from flax import nnx
+        import jaxtyping_shard as jts
+
+        rules = {"embed": "data", "mlp": "model", "vocab": None}
+        with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
+            assert nnx.get_logical_axis_rules() == (
+                ("embed", "data"), ("mlp", "model"), ("vocab", None))
+        ```
+
+    **Arguments:**
+
+    - `rules`: a table (`AxisRules`, dict or Linen pairs); omitted: those in
+        force here.
+
+    **Returns:** a tuple of `(name, mesh axis | tuple of mesh axes | None)`.
+
+    **Raises:** `ShardingAnnotationError` where Flax cannot say the same: no
+    rules; a name with fallbacks (NNX keeps one rule per name, the last); a
+    conflict policy other than `"error"` (NNX has none).
+    """
+    table = current() if rules is None else _coerce(rules, None)
+    if table is None:
+        raise ShardingAnnotationError(
+            "flax_rules(): no axis rules in force and none given; pass a table or "
+            "call it inside `jts.axis_rules(...)`."
+        )
+    several = [n for n in table.names() if len(table.candidates(n) or ()) > 1]
+    if several or table.conflicts != "error":
+        why = (
+            f"the name(s) {', '.join(map(repr, several))} have fallbacks"
+            if several
+            else f"conflicts={table.conflicts!r} is set"
+        )
+        raise ShardingAnnotationError(
+            f"flax_rules(): {why} in {table.describe()}, which Flax NNX's "
+            "`nnx.logical_axis_rules` cannot say (one rule per name, the last "
+            "wins; no conflict policy). Give one mesh axis (or tuple, or None) "
+            "per name."
+        )
+    return tuple(
+        (name, None if not c else c[0] if len(c) == 1 else c) for name, c in table.pairs
+    )

@@ -171,6 +171,22 @@ class AxisRules:
     def names(self) -> tuple[str, ...]:
         return tuple(self._table)
 
+    def with_mesh_axes(self, axes: "Sequence[str]") -> "AxisRules":
+        """These rules and, last, `axis -> axis` for each of `axes` without a rule
+        of its own: how Flax NNX reads a name no rule maps (as a mesh axis)."""
+        extra = tuple((a, (a,)) for a in axes if a not in self._table)
+        if not extra:
+            return self
+        out = AxisRules(self, conflicts=self.conflicts)  # type: ignore[arg-type]
+        pairs = self.pairs + extra
+        table: dict[str, list[Candidate]] = {}
+        for name, candidate in pairs:
+            table.setdefault(name, []).append(candidate)
+        object.__setattr__(out, "pairs", pairs)
+        object.__setattr__(out, "_table", {k: tuple(v) for k, v in table.items()})
+        object.__setattr__(out, "_hash", hash((pairs, self.linen, self.conflicts)))
+        return out
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("AxisRules is immutable; make a new one")
 

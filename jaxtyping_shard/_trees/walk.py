@@ -64,7 +64,8 @@ from jax.sharding import PartitionSpec
 from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
-from . import hints as _hints, paths as _paths, reading as _reading
+from .._rules.scope import current as _current_rules
+from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
 
 
 class Leaf(NamedTuple):
@@ -158,6 +159,13 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
 def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
+    if _nnx.is_variable(node) and not (
+        isinstance(hint, _Prefix) and hint.node is not None
+    ):
+        # An annotation tree or path rule the caller gives wins over NNX metadata.
+        hint = None if isinstance(hint, _Prefix) else hint
+        where = _paths.path_name("model", path)
+        hint = _nnx.with_metadata(node, where, hint, _hints.leaf_annotation(hint))
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
@@ -214,8 +222,8 @@ def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> _Walk:
     if annotations is not None:
         if _hints.is_annotation_leaf(annotations):
             _hints.validate_given(annotations, "annotations")
-        leaf = _hints.is_annotation_leaf(annotations)
-        hint = annotations if leaf else _Prefix(annotations)
+        # A leaf too: given by the caller, it wins over NNX metadata.
+        hint = _Prefix(annotations)
     else:
         hint = None
     walk = _Walk()
@@ -229,7 +237,14 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
     """`(leaves, plan)`; see the module docstring."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     try:
-        key: Any = (treedef, _annotations_key(annotations), _rules_key(rules))
+        # The rules in force too: a field annotation is compared with a Flax NNX
+        # Variable's metadata under them (`_with_metadata`).
+        key: Any = (
+            treedef,
+            _annotations_key(annotations),
+            _rules_key(rules),
+            _current_rules(),
+        )
         plan = _plans.get(key)
     except (TypeError, ValueError):  # unhashable aux data or annotations
         key, plan = None, None
