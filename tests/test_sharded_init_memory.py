@@ -76,14 +76,22 @@ def test_rolled_cpu_threefry_is_what_the_lowering_choice_avoids(monkeypatch):
 def test_lowering_swap_is_scoped_and_keeps_the_bits():
     table, primitive, _ = _lowering._internals()
     before = table[primitive]
+    large = (512, 256)  # 2**17 words: over `UNROLL_FROM`
+    assert large[0] * large[1] >= _lowering.UNROLL_FROM
     with _lowering.unrolled_threefry_on_cpu():
         assert table[primitive] is not before
-        unrolled = jax.jit(lambda k: jax.random.normal(k, (64, 8))).lower(
+        unrolled = jax.jit(lambda k: jax.random.normal(k, large)).lower(
+            jax.random.key(7)
+        )
+        # A small draw keeps JAX's rolled CPU rule inside the block too (XLA on
+        # JAX 0.12 compiles many small unrolled draws for minutes).
+        small = jax.jit(lambda k: jax.random.normal(k, (64, 8))).lower(
             jax.random.key(7)
         )
     assert table[primitive] is before
-    rolled = jax.jit(lambda k: jax.random.normal(k, (64, 8))).lower(jax.random.key(7))
+    rolled = jax.jit(lambda k: jax.random.normal(k, large)).lower(jax.random.key(7))
     assert "while" not in unrolled.as_text() and "while" in rolled.as_text()
+    assert "while" in small.as_text()
     np.testing.assert_array_equal(
         np.asarray(unrolled.compile()(jax.random.key(7))),
         np.asarray(rolled.compile()(jax.random.key(7))),

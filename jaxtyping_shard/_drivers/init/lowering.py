@@ -17,6 +17,7 @@ program. Any failure to find the internals leaves JAX's rule alone
 """
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -54,7 +55,7 @@ def unrolled_threefry_on_cpu() -> Iterator[None]:
     table, primitive, entry = found
     with _lock:
         saved = table.get(primitive)
-        table[primitive] = entry
+        table[primitive] = _by_size(entry, saved) if saved is not None else entry
         try:
             yield
         finally:
@@ -62,3 +63,21 @@ def unrolled_threefry_on_cpu() -> Iterator[None]:
                 table.pop(primitive, None)
             else:
                 table[primitive] = saved
+
+
+# Below this many 32-bit words a threefry call keeps JAX's CPU rule: a rolled loop
+# over a small array costs little memory, and XLA on JAX 0.12 takes minutes (or
+# never ends) compiling the unrolled rounds of many small calls (an `eqx.nn.MLP`'s
+# initialisers, say). The large draws the memory bound is about are unrolled.
+UNROLL_FROM = 1 << 16
+
+
+def _by_size(unrolled: Any, rolled: Any) -> Any:
+    """A lowering entry that picks the unrolled rule for large draws only."""
+
+    def rule(ctx: Any, *args: Any, **params: Any) -> Any:
+        size = max((math.prod(a.shape) for a in ctx.avals_in), default=0)
+        chosen = unrolled if size >= UNROLL_FROM else rolled
+        return chosen.rule(ctx, *args, **params)
+
+    return type(unrolled)(rule, unrolled.inline)
