@@ -8,6 +8,7 @@ import importlib.metadata as _metadata
 import typing as _typing
 
 from ._annotation.jaxtyped import jaxtyped as jaxtyped
+from ._annotation.used import Used as Used
 from ._core.errors import (
     CollectiveBudgetError as CollectiveBudgetError,
     PlacementError as PlacementError,
@@ -16,6 +17,7 @@ from ._core.errors import (
     ShardingWarning as ShardingWarning,
 )
 from ._core.modes import get_mode as get_mode, set_mode as set_mode
+from ._drivers.contraction import einsum as einsum
 from ._drivers.init.sharded_init import (
     abstract as abstract,
     sharded_init as sharded_init,
@@ -27,7 +29,11 @@ from ._drivers.place.place import (
     place as place,
     place_for as place_for,
 )
-from ._drivers.reshard import out_sharding as out_sharding, reshard as reshard
+from ._drivers.reshard import (
+    as_used as as_used,
+    out_sharding as out_sharding,
+    reshard as reshard,
+)
 from ._drivers.shard_map import typed_shard_map as typed_shard_map
 from ._drivers.shardings import shardings as shardings
 from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
@@ -46,7 +52,7 @@ from ._rules.scope import (
     get_axis_rules as get_axis_rules,
     set_axis_rules as set_axis_rules,
 )
-from ._rules.table import AxisRules as AxisRules
+from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
 
@@ -147,8 +153,9 @@ __all__ = [
     "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
-    "abstract",
-    "axis_rules", "check_tree", "explain", "filter_jit", "flax_rules", "format_spec",
+    "Used", "abstract", "as_used",
+    "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",
+    "format_spec", "fsdp",
     "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",

@@ -15,10 +15,11 @@ import jax
 from jax.core import Tracer
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from .._annotation.used import used_annotation
 from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
-from .._layout.spec import has_sharding
+from .._layout.spec import has_sharding, LogicalLayout
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
@@ -93,6 +94,72 @@ def reshard(x: Any, annotation: Any = None) -> Any:
         for leaf, a in zip(leaves, plan.annotations)
     ]
     return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def as_used(x: Any, annotation: Any = None) -> Any:
+    """`x` laid out as used: [`jaxtyping_shard.reshard`][] to the "as used" form
+    ([`jaxtyping_shard.Used`][]) of each leaf's annotation.
+
+    The one call that gathers a module's FSDP-sharded weights for its
+    computation: each logical name whose rule is [`jaxtyping_shard.fsdp`][] is
+    gathered, every other stays as annotated (tensor parallelism).
+
+    !!! Example
+
+        ```python
+        class Mlp(eqx.Module):
+            w_in: Float[Array, "embed mlp", jts.Logical]
+            w_out: Float[Array, "mlp embed", jts.Logical]
+
+            def __call__(self, x):
+                mlp = jts.as_used(self)  # the all-gathers of FSDP, nothing else
+                return jts.einsum("bsm,me->bse", x @ mlp.w_in, mlp.w_out)
+        ```
+
+    **Arguments:**
+
+    - `x`: an array or a pytree (an Equinox module, a dataclass, ...).
+    - `annotation`: as for [`jaxtyping_shard.reshard`][]; omitted, the
+        annotations of the tree's own fields. A leaf whose annotation is
+        physical (`P(...)`, `@`) is laid out as written: it names its axes
+        itself, and no rule says which of them FSDP holds.
+
+    **Returns:** `x`, every annotated leaf laid out as used; others unchanged.
+    Its gradient comes back laid out as stored, on `Explicit` and `Auto` axes
+    alike (inside a trace each leaf is first constrained to its stored layout,
+    a no-op going forward).
+
+    **Raises:** as [`jaxtyping_shard.reshard`][].
+    """
+    if annotation is not None and (
+        isinstance(annotation, (PartitionSpec, NamedSharding))
+        or _hints.leaf_annotation(annotation) is not None
+    ):
+        return jax.tree.map(lambda leaf: _as_used_leaf(leaf, annotation), x)
+    leaves, plan = _tree.plan_for(x, annotation)
+    _tree.refuse_problems(leaves, plan, "as_used", "x")
+    out = [
+        leaf if not has_sharding(a) else _as_used_leaf(leaf, a)
+        for leaf, a in zip(leaves, plan.annotations)
+    ]
+    return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def _as_used_leaf(leaf: Any, annotation: Any) -> Any:
+    if isinstance(leaf, Tracer):
+        # First as stored (a no-op going forward): on `Auto` axes the gradient
+        # is then constrained to the stored layout, as on `Explicit` ones,
+        # instead of coming back gathered.
+        leaf = _reshard_leaf(leaf, annotation)
+    return _reshard_leaf(leaf, _used(annotation))
+
+
+def _used(annotation: Any) -> Any:
+    if isinstance(annotation, (PartitionSpec, NamedSharding)):
+        return annotation
+    if isinstance(_given.layout_of(annotation, "as_used"), LogicalLayout):
+        return used_annotation(annotation, "as_used")
+    return annotation  # physical: as written
 
 
 def out_sharding(

@@ -125,8 +125,34 @@ def annotation_for(dims: str, marker: MeshOrLogical) -> Any:
     return _annotation_maker[0](dims, marker)
 
 
+class AsUsed:
+    """The third argument of an annotation made by `jts.Used[...]`: the logical
+    marker it was written with (`Logical`, `Logical(...)`, NNX metadata), read
+    as used (not public; pickles as itself)."""
+
+    __slots__ = ("marker",)
+
+    def __init__(self, marker: Any):
+        object.__setattr__(self, "marker", marker)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("AsUsed is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsUsed) and self.marker == other.marker
+
+    def __hash__(self) -> int:
+        return hash(("AsUsed", self.marker))
+
+    def __repr__(self) -> str:
+        return f"jts.Used[{self.marker!r}]"
+
+    def __reduce__(self) -> Any:
+        return (AsUsed, (self.marker,))
+
+
 def is_logical(arg: Any) -> bool:
-    return arg is Logical or isinstance(arg, Logical)
+    return arg is Logical or isinstance(arg, (Logical, AsUsed))
 
 
 def _dim_name(dim: str) -> Optional[str]:
@@ -137,6 +163,8 @@ def _dim_name(dim: str) -> Optional[str]:
 
 def logical_layout(dim_str: str, marker: Any, where: str) -> LogicalLayout:
     """Parses `Logical` / `Logical(...)` against a (plain) dim string."""
+    if isinstance(marker, AsUsed):
+        return logical_layout(dim_str, marker.marker, where).as_used()
     dims = dim_str.split()
     variadic_at = next((i for i, d in enumerate(dims) if is_variadic(d)), None)
     if marker is Logical:

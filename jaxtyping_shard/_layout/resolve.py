@@ -60,7 +60,11 @@ def rules_for(
     """The rules a layout resolves by: those given, and for a `direct` layout (Flax
     NNX metadata) `axis -> axis` for each name with no rule that the mesh has
     (every such name when the mesh is not known), as Flax reads them."""
-    if not isinstance(layout, LogicalLayout) or not layout.direct:
+    if not isinstance(layout, LogicalLayout):
+        return rules
+    if layout.used and rules is not None:
+        rules = rules.as_used()  # `jts.fsdp` names gathered
+    if not layout.direct:
         return rules
     if axes is not None and not isinstance(axes, tuple):
         axes = (tuple(axes.axis_names), tuple(axes.axis_sizes))  # a mesh

@@ -209,10 +209,20 @@ class LogicalLayout:
     Like `Layout`: `prefix` names the dims before a variadic dim, `suffix`
     those after it. It has no spec of its own: `resolve` gives one. `direct`: a
     name with no rule that names an axis of the mesh is that axis, as Flax NNX
-    reads its `out_sharding` metadata (`_trees/nnx.py`).
+    reads its `out_sharding` metadata (`_trees/nnx.py`). `used`: resolved as
+    used (`jts.Used`): a name whose rule is `jts.fsdp(...)` gets no mesh axes.
     """
 
-    __slots__ = ("prefix", "suffix", "variadic", "text", "min_rank", "direct", "_hash")
+    __slots__ = (
+        "prefix",
+        "suffix",
+        "variadic",
+        "text",
+        "min_rank",
+        "direct",
+        "used",
+        "_hash",
+    )
 
     def __init__(
         self,
@@ -221,14 +231,16 @@ class LogicalLayout:
         variadic: bool,
         text: str,
         direct: bool = False,
+        used: bool = False,
     ):
         self.prefix = prefix
         self.suffix = suffix
         self.variadic = variadic
         self.text = text
         self.direct = direct
+        self.used = used
         self.min_rank = len(prefix) + len(suffix)
-        self._hash = hash((prefix, suffix, variadic, direct))
+        self._hash = hash((prefix, suffix, variadic, direct, used))
 
     def names(self, ndim: int) -> Names:
         if not self.variadic:
@@ -236,14 +248,24 @@ class LogicalLayout:
         pad = (None,) * max(0, ndim - self.min_rank)
         return self.prefix + pad + self.suffix
 
+    def as_used(self) -> "LogicalLayout":
+        """This layout read as used (`jts.Used`)."""
+        if self.used:
+            return self
+        text = f"jts.Used[{self.text}]"
+        return LogicalLayout(
+            self.prefix, self.suffix, self.variadic, text, self.direct, True
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LogicalLayout):
             return NotImplemented
-        return (self.prefix, self.suffix, self.variadic, self.direct) == (
+        return (self.prefix, self.suffix, self.variadic, self.direct, self.used) == (
             other.prefix,
             other.suffix,
             other.variadic,
             other.direct,
+            other.used,
         )
 
     def __hash__(self) -> int:

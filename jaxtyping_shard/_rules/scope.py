@@ -230,7 +230,11 @@ def flax_rules(
             "flax_rules(): no axis rules in force and none given; pass a table or "
             "call it inside `jts.axis_rules(...)`."
         )
-    several = [n for n in table.names() if len(table.candidates(n) or ()) > 1]
+    several = [
+        n
+        for n in table.names()
+        if len(table.candidates(n) or ()) > 1 and n not in table.gathered
+    ]
     if several or table.conflicts != "error":
         why = (
             f"the name(s) {', '.join(map(repr, several))} have fallbacks"
@@ -243,6 +247,10 @@ def flax_rules(
             "wins; no conflict policy). Give one mesh axis (or tuple, or None) "
             "per name."
         )
+    # A `jts.fsdp` name gives Flax its mesh axes where stored (NNX shards the
+    # parameters it creates by them); its implied fallback is not Flax's to say.
     return tuple(
-        (name, None if not c else c[0] if len(c) == 1 else c) for name, c in table.pairs
+        (name, None if not c else c[0] if len(c) == 1 else c)
+        for name, c in table.pairs
+        if name not in table.gathered or c
     )

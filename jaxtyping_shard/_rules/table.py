@@ -18,9 +18,76 @@ Candidate = tuple[str, ...]
 
 _VALUE_FORMS = (
     "A rule maps a logical name to a mesh axis (`'fsdp'`), a tuple of mesh axes "
-    "split in that order (`('data', 'fsdp')`), `None` (replicated on purpose), or, "
-    "in a dict, an ordered list of those as fallbacks (`['fsdp', 'tensor', None]`)."
+    "split in that order (`('data', 'fsdp')`), `None` (replicated on purpose), "
+    "`jts.fsdp('data')` (split where stored, gathered where used), or, in a "
+    "dict, an ordered list of those as fallbacks (`['fsdp', 'tensor', None]`)."
 )
+
+
+class Fsdp:
+    """A rule value: the dim is split over `axes` where it is stored, and whole
+    where it is used (see [`jaxtyping_shard.fsdp`][])."""
+
+    __slots__ = ("axes",)
+
+    axes: tuple[str, ...]
+
+    def __init__(self, axes: tuple):
+        object.__setattr__(self, "axes", axes)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("fsdp(...) is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fsdp) and self.axes == other.axes
+
+    def __hash__(self) -> int:
+        return hash(("fsdp", self.axes))
+
+    def __repr__(self) -> str:
+        return f"jts.fsdp({', '.join(repr(a) for a in self.axes)})"
+
+
+Fsdp.__module__ = "jaxtyping_shard"
+
+
+def fsdp(*axes: str) -> Fsdp:
+    """A rule value for a logical name that FSDP shards: split over `axes` where
+    the array is stored, whole (gathered) where it is used.
+
+    `{"embed": jts.fsdp("data")}` reads, where an array is stored (a parameter,
+    an optimiser moment, an activation), as the fallback list
+    `{"embed": ["data", None]}`: the dim takes `data` when no other dim of the
+    same array holds it (a weight), else it is replicated (an activation, whose
+    `batch` holds `data`). An annotation read *as used*
+    ([`jaxtyping_shard.Used`][], [`jaxtyping_shard.as_used`][]) gives the name no
+    mesh axes at all: the weight gathered over FSDP for its matmul, still split
+    by its other rules (tensor parallelism). So one annotation per weight, and
+    one logical name per dim, serve both forms.
+
+    !!! Example
+
+        ```python
+        import jaxtyping_shard as jts
+
+        rules = {"batch": "data", "embed": jts.fsdp("data"), "mlp": "model"}
+        ```
+
+    **Arguments:**
+
+    - `axes`: one or more mesh axis names, split in that order.
+
+    **Returns:** the rule value (immutable, hashable).
+
+    **Raises:** [`jaxtyping_shard.ShardingAnnotationError`][] for no axes, an
+    axis that is not a non-empty string, or an axis named twice.
+    """
+    if not axes:
+        raise ShardingAnnotationError(
+            "jts.fsdp() needs the mesh axes that shard the stored array, e.g. "
+            "jts.fsdp('data') or jts.fsdp('data', 'model')."
+        )
+    return Fsdp(_candidate(tuple(axes), "jts.fsdp(...)"))
 
 
 def _candidate(value: Any, what: str) -> Candidate:
@@ -85,11 +152,13 @@ class AxisRules:
         ```
     """
 
-    __slots__ = ("pairs", "linen", "conflicts", "_table", "_hash")
+    __slots__ = ("pairs", "linen", "conflicts", "gathered", "_table", "_hash", "_used")
 
     pairs: tuple[tuple[str, Candidate], ...]
     linen: bool
     conflicts: str
+    # The names whose rule is `jts.fsdp(...)`: no mesh axes where used.
+    gathered: frozenset[str]
 
     def __init__(
         self,
@@ -97,13 +166,15 @@ class AxisRules:
         *,
         conflicts: Optional[Conflicts] = None,
     ):
+        gathered: list[str] = []
         if isinstance(rules, AxisRules):
             pairs, linen = rules.pairs, rules.linen
+            gathered = list(rules.gathered)
             conflicts = conflicts or rules.conflicts  # type: ignore[assignment]
         elif isinstance(rules, Mapping):
-            pairs, linen = self._from_mapping(rules), False
+            pairs, linen = self._from_mapping(rules, gathered), False
         elif isinstance(rules, (list, tuple)):
-            pairs, linen = self._from_pairs(rules), True
+            pairs, linen = self._from_pairs(rules, gathered), True
         else:
             raise ShardingAnnotationError(
                 f"axis rules must be a dict {{name: mesh_axes}} or a list of "
@@ -116,27 +187,44 @@ class AxisRules:
                 f"conflicts={conflicts!r} is not a conflict policy; use one of "
                 f"{', '.join(repr(c) for c in CONFLICTS)}."
             )
+        object.__setattr__(self, "linen", linen)
+        object.__setattr__(self, "conflicts", conflicts)
+        self._set_pairs(pairs, frozenset(gathered))
+
+    def _set_pairs(self, pairs: tuple, gathered: frozenset) -> None:
         table: dict[str, list[Candidate]] = {}
         for name, candidate in pairs:
             table.setdefault(name, []).append(candidate)
         object.__setattr__(self, "pairs", pairs)
-        object.__setattr__(self, "linen", linen)
-        object.__setattr__(self, "conflicts", conflicts)
+        object.__setattr__(self, "gathered", gathered)
         object.__setattr__(self, "_table", {k: tuple(v) for k, v in table.items()})
-        object.__setattr__(self, "_hash", hash((pairs, linen, conflicts)))
+        key = (pairs, self.linen, self.conflicts, tuple(sorted(gathered)))
+        object.__setattr__(self, "_hash", hash(key))
+        object.__setattr__(self, "_used", None)
 
     @staticmethod
-    def _from_mapping(rules: Mapping[str, Any]) -> tuple[tuple[str, Candidate], ...]:
+    def _from_mapping(
+        rules: Mapping[str, Any], fsdp: list
+    ) -> tuple[tuple[str, Candidate], ...]:
         pairs = []
         for name, value in rules.items():
             _check_name(name, "axis rules")
-            if isinstance(value, list):
+            if isinstance(value, Fsdp):
+                pairs.extend(((name, value.axes), (name, ())))
+                fsdp.append(name)
+            elif isinstance(value, list):
                 if not value:
                     raise ShardingAnnotationError(
                         f"axis rule {name!r}: an empty fallback list; give at least "
                         "one candidate, e.g. ['fsdp', None]."
                     )
                 for i, option in enumerate(value):
+                    if isinstance(option, Fsdp):
+                        raise ShardingAnnotationError(
+                            f"axis rule {name!r}: jts.fsdp(...) inside a fallback "
+                            "list; give it as the whole rule, "
+                            f"{{{name!r}: {option!r}}} (it falls back to None)."
+                        )
                     if isinstance(option, list):
                         raise ShardingAnnotationError(
                             f"axis rule {name!r}: candidate {i} is a list; write "
@@ -150,7 +238,9 @@ class AxisRules:
         return tuple(pairs)
 
     @staticmethod
-    def _from_pairs(rules: Sequence[Any]) -> tuple[tuple[str, Candidate], ...]:
+    def _from_pairs(
+        rules: Sequence[Any], fsdp: list
+    ) -> tuple[tuple[str, Candidate], ...]:
         pairs = []
         for i, pair in enumerate(rules):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -161,6 +251,11 @@ class AxisRules:
                 )
             name, value = pair
             _check_name(name, f"axis rules, entry {i}")
+            if isinstance(value, Fsdp):
+                # Its fallback comes next, before any later pair of the name.
+                pairs.extend(((name, value.axes), (name, ())))
+                fsdp.append(name)
+                continue
             pairs.append((name, _candidate(value, f"axis rule {i} ({name!r})")))
         return tuple(pairs)
 
@@ -171,6 +266,20 @@ class AxisRules:
     def names(self) -> tuple[str, ...]:
         return tuple(self._table)
 
+    def as_used(self) -> "AxisRules":
+        """These rules where an array is used: each `jts.fsdp(...)` name maps to
+        no mesh axes (gathered); every other rule as it is."""
+        if not self.gathered:
+            return self
+        if self._used is None:
+            out = AxisRules(self)
+            pairs = tuple(
+                (n, c) for n, c in self.pairs if n not in self.gathered or not c
+            )
+            out._set_pairs(pairs, frozenset())
+            object.__setattr__(self, "_used", out)
+        return self._used  # type: ignore[return-value]
+
     def with_mesh_axes(self, axes: "Sequence[str]") -> "AxisRules":
         """These rules and, last, `axis -> axis` for each of `axes` without a rule
         of its own: how Flax NNX reads a name no rule maps (as a mesh axis)."""
@@ -178,13 +287,7 @@ class AxisRules:
         if not extra:
             return self
         out = AxisRules(self, conflicts=self.conflicts)  # type: ignore[arg-type]
-        pairs = self.pairs + extra
-        table: dict[str, list[Candidate]] = {}
-        for name, candidate in pairs:
-            table.setdefault(name, []).append(candidate)
-        object.__setattr__(out, "pairs", pairs)
-        object.__setattr__(out, "_table", {k: tuple(v) for k, v in table.items()})
-        object.__setattr__(out, "_hash", hash((pairs, self.linen, self.conflicts)))
+        out._set_pairs(self.pairs + extra, self.gathered)
         return out
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -193,10 +296,11 @@ class AxisRules:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AxisRules):
             return NotImplemented
-        return (self.pairs, self.linen, self.conflicts) == (
+        return (self.pairs, self.linen, self.conflicts, self.gathered) == (
             other.pairs,
             other.linen,
             other.conflicts,
+            other.gathered,
         )
 
     def __hash__(self) -> int:
@@ -205,18 +309,24 @@ class AxisRules:
     def describe(self, only: Optional[Sequence[str]] = None) -> str:
         """`{'embed': 'fsdp', 'mlp': None}`: the rules (or those for `only`)."""
         if self.linen:
-            body = ", ".join(
-                f"({n!r}, {format_candidate(c)})"
-                for n, c in self.pairs
-                if only is None or n in only
-            )
-            text = f"[{body}]"
+            shown = []
+            for n, c in self.pairs:
+                if only is not None and n not in only:
+                    continue
+                if n in self.gathered:
+                    if c:
+                        shown.append(f"({n!r}, {Fsdp(c)!r})")
+                    continue  # the fallback that `jts.fsdp` implies
+                shown.append(f"({n!r}, {format_candidate(c)})")
+            text = f"[{', '.join(shown)}]"
         else:
             items = []
             for name, options in self._table.items():
                 if only is not None and name not in only:
                     continue
-                if len(options) == 1:
+                if name in self.gathered:
+                    items.append(f"{name!r}: {Fsdp(options[0])!r}")
+                elif len(options) == 1:
                     items.append(f"{name!r}: {format_candidate(options[0])}")
                 else:
                     inner = ", ".join(format_candidate(c) for c in options)
