@@ -1,17 +1,13 @@
-"""The model: a decoder-only transformer in Equinox, every array annotated.
+"""The model: a decoder-only transformer in Equinox, every array annotated once.
 
 Dims carry *logical* names (`jts.Logical`); the rules table in `layout.py` maps
 them to mesh axes, so the same annotations give data parallelism, FSDP or
-FSDP + tensor parallelism. Three kinds of annotation appear here:
-
-- the parameters as stored (`Embedding`, `QKV`, ...): sharded by FSDP over
-  `embed`, split for tensor parallelism over `vocab`, `heads` and `mlp`;
-- the parameters as a matmul uses them (`Used...`): gathered over FSDP (names
-  `act_*`), still split for tensor parallelism;
-- the activations (`Hidden`, `Heads`, ...), checked at every function boundary.
-
-The only places a layout is *changed* are the `jts.reshard` calls (the FSDP
-gathers, the result of a row-parallel matmul), each naming an annotation.
+FSDP + tensor parallelism. Each parameter is annotated once, as stored (split
+over FSDP and tensor parallelism); a computation takes it *as used*
+(`jts.as_used`, `jts.Used[...]`: its FSDP names gathered, as the rules'
+`jts.fsdp` entries say), and a contraction over a split dim gets its result
+layout from its operands (`jts.einsum`). The activations (`Hidden`, `Heads`,
+...) are checked at every function boundary.
 """
 
 import dataclasses
@@ -37,19 +33,12 @@ MlpIn = Float[Array, "embed mlp", L]
 MlpOut = Float[Array, "mlp embed", L]
 Scale = Float[Array, "embed", L("norm")]
 Unembedding = Float[Array, "embed vocab", L]
-# Parameters, as the matmuls use them: gathered over FSDP, split for TP.
-UsedTable = Float[Array, "vocab embed", L(None, "act_embed")]
-UsedQKV = Float[Array, "embed heads hd", L("act_embed", "act_heads", None)]
-UsedOut = Float[Array, "heads hd embed", L("act_heads", None, "act_embed")]
-UsedIn = Float[Array, "embed mlp", L("act_embed", "act_mlp")]
-UsedMlpOut = Float[Array, "mlp embed", L("act_mlp", "act_embed")]
-UsedUnembedding = Float[Array, "embed vocab", L("act_embed", "act_vocab")]
 # Activations.
 Tokens = Int[Array, "batch seq", L]
-Hidden = Float[Array, "batch seq embed", L("batch", "seq", "act_embed")]
-Heads = Float[Array, "batch seq heads hd", L("batch", "seq", "act_heads", None)]
-MlpHidden = Float[Array, "batch seq mlp", L("batch", "seq", "act_mlp")]
-Logits = Float[Array, "batch seq vocab", L("batch", "seq", "act_vocab")]
+Hidden = Float[Array, "batch seq embed", L]
+Heads = Float[Array, "batch seq heads hd", L("batch", "seq", "heads", None)]
+MlpHidden = Float[Array, "batch seq mlp", L]
+Logits = Float[Array, "batch seq vocab", L]
 Scalar = Float[Array, "", L]
 
 
@@ -62,17 +51,11 @@ class Config:
     mlp: int = 64
     layers: int = 2
     seq: int = 16
-    batch: int = 8
+    batch: int = 16
 
 
 def _normal(key, shape, fan_in):
     return jax.random.normal(key, shape) * fan_in**-0.5
-
-
-def einsum(subscripts: str, x, w, *, out):
-    """A matmul whose result is laid out as the annotation `out` says."""
-    y = jnp.einsum(subscripts, x, w, out_sharding=jts.out_sharding(out))
-    return jts.reshard(y, out)
 
 
 @checked
@@ -108,22 +91,23 @@ class Attention(eqx.Module):
 
     @checked
     def __call__(self, x: Hidden) -> Hidden:
-        q = project(x, jts.reshard(self.wq, UsedQKV))
-        k = project(x, jts.reshard(self.wk, UsedQKV))
-        v = project(x, jts.reshard(self.wv, UsedQKV))
-        return mix(attend(q, k, v), jts.reshard(self.wo, UsedOut))
+        attn = jts.as_used(self)  # the FSDP all-gathers
+        q = project(x, attn.wq)
+        k = project(x, attn.wk)
+        v = project(x, attn.wv)
+        return mix(attend(q, k, v), attn.wo)
 
 
 @checked
-def project(x: Hidden, w: UsedQKV) -> Heads:
+def project(x: Hidden, w: jts.Used[QKV]) -> Heads:
     """A column-parallel matmul: each device computes its own heads."""
     return jnp.einsum("bse,ehd->bshd", x, w)
 
 
 @checked
-def mix(heads: Heads, wo: UsedOut) -> Hidden:
+def mix(heads: Heads, wo: jts.Used[Out]) -> Hidden:
     """The row-parallel matmul: partial sums over the heads, summed over `model`."""
-    return einsum("bshd,hde->bse", heads, wo, out=Hidden)
+    return jts.einsum("bshd,hde->bse", heads, wo)
 
 
 class Mlp(eqx.Module):
@@ -137,20 +121,21 @@ class Mlp(eqx.Module):
 
     @checked
     def __call__(self, x: Hidden) -> Hidden:
-        h = jax.nn.gelu(up(x, jts.reshard(self.w_in, UsedIn)))
-        return down(h, jts.reshard(self.w_out, UsedMlpOut))
+        mlp = jts.as_used(self)
+        h = jax.nn.gelu(up(x, mlp.w_in))
+        return down(h, mlp.w_out)
 
 
 @checked
-def up(x: Hidden, w_in: UsedIn) -> MlpHidden:
+def up(x: Hidden, w_in: jts.Used[MlpIn]) -> MlpHidden:
     """The column-parallel matmul: its result stays split over `mlp`."""
     return jnp.einsum("bse,em->bsm", x, w_in)
 
 
 @checked
-def down(h: MlpHidden, w_out: UsedMlpOut) -> Hidden:
+def down(h: MlpHidden, w_out: jts.Used[MlpOut]) -> Hidden:
     """The row-parallel matmul: partial sums over `mlp`, summed over `model`."""
-    return einsum("bsm,me->bse", h, w_out, out=Hidden)
+    return jts.einsum("bsm,me->bse", h, w_out)
 
 
 class Block(eqx.Module):
@@ -188,16 +173,20 @@ class Transformer(eqx.Module):
 
     @checked
     def __call__(self, tokens: Tokens) -> Logits:
-        table = jts.reshard(self.embed, UsedTable)
-        x = jts.reshard(
-            table.at[tokens].get(out_sharding=jts.out_sharding(Hidden)), Hidden
-        )
+        x = lookup(tokens, jts.as_used(self.embed, Embedding))
         for block in self.blocks:
             x = block(x)
         x = layer_norm(x, self.ln_f)
         # Column-parallel: the logits stay split over the vocabulary.
-        unembed = jts.reshard(self.unembed, UsedUnembedding)
+        unembed = jts.as_used(self.unembed, Unembedding)
         return jnp.einsum("bse,ev->bsv", x, unembed)
+
+
+@checked
+def lookup(tokens: Tokens, table: jts.Used[Embedding]) -> Hidden:
+    """A vocabulary-parallel lookup: each device's rows of the table, summed."""
+    one_hot = jts.reshard(jax.nn.one_hot(tokens, table.shape[0]), Logits)
+    return jts.einsum("bsv,ve->bse", one_hot, table)
 
 
 @checked
