@@ -10,12 +10,12 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, spec as _spec
-from .._layout.spec import has_sharding
+from .._layout.spec import has_sharding, Lead
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
 from . import leaves as _leaves, paths as _paths, walk as _tree
+from .lead_check import LeadCheck, rank_mismatch
 from .like import params_shaped
-from .stacked import rank_mismatch, stacked_prefixes
 
 
 T = TypeVar("T")
@@ -146,10 +146,8 @@ def check_tree(
         leaves, plan = _tree.plan_for(tree)
         checkers = _like_checkers(plan.paths, like, stacked, tree, leaves)
     else:
-        leaves, plan = _tree.plan_for(tree, annotations, rules)
+        leaves, plan = _tree.plan_for(tree, annotations, rules, stacked)
         checkers = checkers_of(plan)
-        if stacked:
-            checkers = _stacked_checkers(leaves, plan, checkers, stacked, name)
     counts = _leaves.Counts()
     counts.add(name, leaves, plan, checkers)
     failures = _leaves.leaf_failures(leaves, plan.paths, checkers, name)
@@ -183,33 +181,13 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
             out.append(sharding_check(annotation))  # its devices too
         elif isinstance(annotation, PartitionSpec):
             out.append(spec_check(annotation))
+        elif isinstance(annotation, Lead):
+            out.append(LeadCheck(annotation))  # a stacked leaf, checked by shape
         else:
             out.append(annotation)
     checkers = tuple(out)
     plan.cache[key] = checkers
     return checkers
-
-
-def _stacked_checkers(
-    leaves: list, plan: Any, checkers: tuple, stacked: Mapping[str, Any], name: str
-) -> tuple:
-    """The checkers of leaves with declared leading dims: the declared entries,
-    then the spec of their annotation for the remaining dims."""
-    leads = stacked_prefixes(plan.paths, stacked)
-    out = list(checkers)
-    for i, (leaf, lead) in enumerate(zip(leaves, leads)):
-        if lead and out[i] is not None:
-            where = _paths.path_name(name, plan.paths[i])
-            out[i] = _with_lead(leaf, out[i], lead, where)
-    return tuple(out)
-
-
-def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
-    wrong = rank_mismatch(leaf, annotation, lead)
-    if wrong:
-        return _leaves.Missing(wrong, layout=True)
-    spec = _stacked_spec(leaf, annotation, lead, where)
-    return spec_check(spec)
 
 
 def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
@@ -229,11 +207,8 @@ def _like_checkers(
     tree: Any = None,
     leaves: Optional[list] = None,
 ) -> tuple:
-    like_leaves, like_plan = _tree.plan_for(like)
-    leads = stacked_prefixes(like_plan.paths, stacked)
-    entries = list(
-        zip(like_leaves, like_plan.annotations, like_plan.paths, leads, strict=True)
-    )
+    like_leaves, like_plan = _tree.plan_for(like, stacked=stacked)
+    entries = list(zip(like_leaves, like_plan.annotations, like_plan.paths))
     by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
     ids = [tuple(map(_paths.key_id, path)) for path in paths]
     state = None
@@ -262,8 +237,9 @@ def _like_checkers(
                 )
             )
             continue
-        leaf, annotation, like_path, lead = found
-        if lead and has_sharding(annotation):
+        leaf, annotation, like_path = found
+        if isinstance(annotation, Lead):
+            lead, annotation = annotation.lead, annotation.inner
             wrong = rank_mismatch(leaf, annotation, lead)
             if wrong:
                 out.append(_leaves.Missing(f"`like` leaf of {wrong}", layout=True))

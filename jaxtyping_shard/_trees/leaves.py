@@ -30,6 +30,7 @@ from .._layout import spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.compare import FIX
 from . import paths as _paths
+from .lead_check import LeadCheck
 
 
 def leaf_failures(
@@ -54,6 +55,9 @@ def leaf_failures(
         for leaf, checker, path in zip(leaves, checkers, paths):
             if checker is None:
                 continue
+            if isinstance(checker, LeadCheck):  # a stacked leaf: its rank first
+                wrong = checker.rank_reason(leaf)
+                checker = Missing(wrong, layout=True) if wrong else checker
             if type(checker) is Missing:
                 reason = checker.reason
                 if checker.layout and current_mode() != "check":
