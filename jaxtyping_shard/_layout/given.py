@@ -83,12 +83,17 @@ def fixed_rank(annotation: Any) -> Optional[int]:
     return None
 
 
-def stack_hint(extra: int) -> str:
+def stack_hint(extra: int, pattern: Optional[str] = None) -> str:
     """What a rank error says when an array has `extra` more leading dims than
-    its annotation: it may be a stack of layers, declared as such."""
+    its annotation: it may be a stack of layers, declared as such (`pattern`:
+    the leaf's path, when the caller knows it)."""
+    declared = f"{{{pattern!r}: {extra}}}" if pattern else f"{{pattern: {extra}}}"
     return (
-        f" If it is a stack of layers (`eqx.filter_vmap`, `jax.lax.scan`), declare "
-        f"its {extra} extra leading dim{'s' * (extra > 1)}: `stacked={{pattern: "
-        f"{extra}}}` on the call, or once on the field: `jts.Stacked[Block"
+        f"{STACK_HINT} (`eqx.filter_vmap`, `jax.lax.scan`), declare "
+        f"its {extra} extra leading dim{'s' * (extra > 1)}: `stacked={declared}` "
+        f"on the call, or once on the field: `jts.Stacked[Block"
         f"{'' if extra == 1 else f', {extra}'}]`."
     )
+
+
+STACK_HINT = " If it is a stack of layers"

@@ -14,7 +14,7 @@ driver's shardings) and `lead_check.LeadCheck` checks (every tree check).
 
 import typing
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from jax.sharding import PartitionSpec
 

@@ -64,8 +64,13 @@ from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
-from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
-from . import stacked as _stacked
+from . import (
+    hints as _hints,
+    nnx as _nnx,
+    paths as _paths,
+    reading as _reading,
+    stacked as _stacked,
+)
 
 
 class Leaf(NamedTuple):
