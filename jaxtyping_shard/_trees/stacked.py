@@ -28,23 +28,22 @@ from . import paths as _paths
 StackedSpec = Union[int, tuple]
 
 
-def _leading(value: Any, pattern: str) -> tuple:
+def _leading(value: Any, pattern: str, label: str = "") -> tuple:
+    label = label or f"stacked[{pattern!r}]"
     if isinstance(value, bool) or not isinstance(value, (int, tuple)):
         raise ShardingAnnotationError(
-            f"stacked[{pattern!r}] must be the number of extra leading dims (`1`) or "
+            f"{label} must be the number of extra leading dims (`1`) or "
             f"one spec entry per extra dim (`('pipe',)`, `(None,)`), not {value!r}."
         )
     if isinstance(value, int):
         if value < 1:
             raise ShardingAnnotationError(
-                f"stacked[{pattern!r}] = {value}: a stack adds at least one dim."
+                f"{label} = {value}: a stack adds at least one dim."
             )
         return (None,) * value
     if not value:
-        raise ShardingAnnotationError(
-            f"stacked[{pattern!r}] = (): a stack adds at least one dim."
-        )
-    validate_spec(PartitionSpec(*value), f"stacked[{pattern!r}]")
+        raise ShardingAnnotationError(f"{label} = (): a stack adds at least one dim.")
+    validate_spec(PartitionSpec(*value), f"{label}")
     return value
 
 
@@ -120,8 +119,8 @@ def with_leads(paths: tuple, annotations: tuple, hinted: list, stacked: Any) -> 
         if by_hint and by_key:
             raise ShardingAnnotationError(
                 f"stacked: the leaf `{_paths.rule_path(path)}` is declared stacked "
-                f"twice: by a `jts.Stacked[...]` hint above it ({len(by_hint)} dims "
-                f"{by_hint}) and by `stacked=` ({by_key}). Declare each stack once: "
+                f"twice: by a `jts.Stacked[...]` hint above it "
+                f"({by_hint}) and by `stacked=` ({by_key}). Declare each stack once: "
                 "drop the pattern from `stacked=`."
             )
         lead = by_hint or by_key
@@ -152,20 +151,20 @@ class Stacked:
         raise TypeError("Stacked is written as a type hint: `Stacked[Block]`.")
 
     def __class_getitem__(cls, item: Any) -> Any:
-        hint, value = item if isinstance(item, tuple) else (item, 1)
         if isinstance(item, tuple) and len(item) != 2:
             raise ShardingAnnotationError(
                 f"Stacked[...] takes a layer's type and how many dims (or one spec "
                 f"entry per dim): `Stacked[Block]`, `Stacked[Block, 2]`, "
                 f"`Stacked[Block, ('pipe',)]`; not {item!r}."
             )
+        hint, value = item if isinstance(item, tuple) else (item, 1)
         if not (isinstance(hint, type) or typing.get_origin(hint) is not None):
             raise ShardingAnnotationError(
                 f"Stacked[{hint!r}]: the first argument is the type of one layer "
                 "(`Stacked[Block]`), not a value."
             )
         shown = getattr(hint, "__qualname__", None) or repr(hint)
-        lead = _leading(value, f"Stacked[{shown}, ...]")
+        lead = _leading(value, "", f"Stacked[{shown}, ...]")
         return typing.Annotated[hint, StackMark(lead)]
 
 
