@@ -92,8 +92,8 @@ def leaf_failures(
 def _stack_hint(leaf: Any, checker: Any) -> str:
     """A leaf with more dims than its annotation fixes may be a stack of layers:
     what a rank mismatch adds, saying how to declare one."""
-    if type(checker) in (Missing, LeadCheck) or not sharded_members(checker):
-        return ""
+    if not all(hasattr(m, "index_variadic") for m in sharded_members(checker)):
+        return ""  # a spec, a sharding: any rank
     fixed = _given.fixed_rank(checker)
     rank = len(getattr(leaf, "shape", ()))
     return _given.stack_hint(rank - fixed) if fixed is not None and rank > fixed else ""
