@@ -30,7 +30,6 @@ from .._layout import given as _given, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.compare import FIX
 from . import paths as _paths
-from .lead_check import LeadCheck
 
 
 def leaf_failures(
@@ -55,8 +54,8 @@ def leaf_failures(
         for leaf, checker, path in zip(leaves, checkers, paths):
             if checker is None:
                 continue
-            if isinstance(checker, LeadCheck):  # a stacked leaf: its rank first
-                wrong = checker.rank_reason(leaf)
+            if hasattr(checker, "_jts_rank_reason"):  # stacked: its rank first
+                wrong = checker._jts_rank_reason(leaf)
                 checker = Missing(wrong, layout=True) if wrong else checker
             if type(checker) is Missing:
                 reason = checker.reason
@@ -253,11 +252,15 @@ def _bare(plan: Any, checkers: tuple) -> tuple[int, tuple]:
         tuple(
             i
             for i, c in enumerate(checkers)
-            if not (has_sharding(c) or type(c) in (Missing, LeadCheck))
+            if not (has_sharding(c) or type(c) is Missing or _is_stacked(c))
         ),
     )
     plan.cache["bare"] = (checkers, out)
     return out
+
+
+def _is_stacked(checker: Any) -> bool:
+    return getattr(checker, "_jts_stacked", False) is True
 
 
 def is_array(x: Any) -> bool:

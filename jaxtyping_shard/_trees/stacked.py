@@ -136,6 +136,12 @@ class StackMark:
     def __init__(self, lead: tuple):
         self.lead = lead
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StackMark) and other.lead == self.lead
+
+    def __hash__(self) -> int:
+        return hash((StackMark, self.lead))
+
     def __repr__(self) -> str:
         return f"jaxtyping_shard.Stacked{self.lead!r}"
 

@@ -64,13 +64,8 @@ from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
-from . import (
-    hints as _hints,
-    nnx as _nnx,
-    paths as _paths,
-    reading as _reading,
-    stacked as _stacked,
-)
+from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
+from .stacked import key as stacked_key, mark_of, with_leads
 
 
 class Leaf(NamedTuple):
@@ -165,7 +160,7 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
 def _visit(
     node: Any, path: tuple, hint: Any, walk: _Walk, note: Any, lead: tuple = ()
 ) -> None:
-    hint, more = _stacked.mark_of(hint)  # `Stacked[Block]`: Block, one more dim
+    hint, more = mark_of(hint)  # `Stacked[Block]`: Block, one more dim
     lead += more
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
@@ -257,7 +252,7 @@ def plan_for(
             _annotations_key(annotations),
             _rules_key(rules),
             _current_rules(),
-            _stacked.key(stacked),
+            stacked_key(stacked),
         )
         plan = _plans.get(key)
     except (TypeError, ValueError):  # unhashable aux data or annotations
@@ -271,7 +266,7 @@ def plan_for(
         plan = Plan(
             treedef,
             paths,
-            _stacked.with_leads(paths, tuple(x[2] for x in items), walk.leads, stacked),
+            with_leads(paths, tuple(x[2] for x in items), walk.leads, stacked),
             tuple(x[3] for x in items),
             tuple(walk.problems),
         )

@@ -89,7 +89,7 @@ def _failures(
         # would report each of its mismatches twice.
         return
     is_return = name == "return"
-    leaves, plan = _tree.plan_for(value, hint, stacked=stacked)
+    leaves, plan = _tree.plan_for(value, hint, None, stacked)
     checkers = _check_tree.checkers_of(plan, sharded_only=True)
     structure += [
         (_paths.path_name(name, path), reason)
