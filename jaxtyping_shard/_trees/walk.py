@@ -35,9 +35,8 @@ Interface (reuse it unchanged):
   functions that lay a tree out.
 - `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
 
-What a hint says about a leaf is read by `hints`; key paths, path patterns and
-leaf names in messages are `paths`'s; path rules are applied here; stacked
-layers (`stacked=`, `Stacked[...]`) by `stacked`.
+Hints are read by `hints`; key paths, patterns and leaf names by `paths`;
+stacked layers (`stacked=`, `Stacked[...]`) by `stacked`; path rules here.
 
 Which annotation applies to a leaf, from strongest to weakest: a rule that
 matches its path; the nearest enclosing entry of the annotation tree (a
@@ -160,6 +159,8 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
 def _visit(
     node: Any, path: tuple, hint: Any, walk: _Walk, note: Any, lead: tuple = ()
 ) -> None:
+    if isinstance(hint, _Prefix) and mark_of(hint.node)[1]:
+        hint = hint.node  # a `Stacked[...]` given (a parameter's hint): read it
     hint, more = mark_of(hint)  # `Stacked[Block]`: Block, one more dim
     lead += more
     if isinstance(hint, _reading.Unread):
