@@ -55,6 +55,7 @@ from ._rules.scope import (
 from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
+from ._trees.stacked import Stacked as Stacked
 
 
 if _typing.TYPE_CHECKING:
@@ -151,7 +152,8 @@ __all__ = [
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
     "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
-    "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Tree",
+    "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Stacked",
+    "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
     "Used", "abstract", "as_used",
     "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",

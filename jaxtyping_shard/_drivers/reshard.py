@@ -9,6 +9,7 @@ it once, from an annotation resolved by the one path of `_bridge` (logical names
 through the rules in force).
 """
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import jax
@@ -24,7 +25,9 @@ from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
 
-def reshard(x: Any, annotation: Any = None) -> Any:
+def reshard(
+    x: Any, annotation: Any = None, *, stacked: Optional[Mapping[str, Any]] = None
+) -> Any:
     """`x` laid out as its annotation says, on an `Explicit`, `Auto` or mixed mesh.
 
     The one call for the places where a program *means* to change a layout (the
@@ -71,6 +74,9 @@ def reshard(x: Any, annotation: Any = None) -> Any:
         (a type hint, an annotation tree); omitted, the annotations of the
         tree's own fields. Leaves without a sharded annotation are left as
         they are.
+    - `stacked`: as for [`jaxtyping_shard.sharded_init`][]: `{pattern: n}` gives
+        the matching leaves `n` extra leading dims before their annotation's
+        (a field annotated `jts.Stacked[Block]` needs no pattern).
 
     **Returns:**
 
@@ -82,12 +88,12 @@ def reshard(x: Any, annotation: Any = None) -> Any:
     sharding or names an axis the mesh lacks, or the value is inside `shard_map`
     (`Manual` axes); `ValueError` when no mesh is known.
     """
-    if annotation is not None and (
+    if (annotation is not None and not stacked) and (
         isinstance(annotation, (PartitionSpec, NamedSharding))
         or _hints.leaf_annotation(annotation) is not None
     ):
         return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
-    leaves, plan = _tree.plan_for(x, annotation)
+    leaves, plan = _tree.plan_for(x, annotation, stacked=stacked)
     _tree.refuse_problems(leaves, plan, "reshard", "x")
     out = [
         leaf if not has_sharding(a) else _reshard_leaf(leaf, a)

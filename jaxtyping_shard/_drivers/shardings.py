@@ -17,6 +17,7 @@ def shardings(
     *,
     annotations: Any = None,
     rules: Optional[Mapping[str, Any]] = None,
+    stacked: Optional[Mapping[str, Any]] = None,
 ) -> Any:
     """The `NamedSharding` of every annotated leaf of a tree, read off annotations.
 
@@ -61,6 +62,11 @@ def shardings(
     - `rules`: a mapping from a path pattern (`"blocks/*/mlp/weight"`, `"**/bias"`)
         to an annotation, `PartitionSpec`, `NamedSharding` or `None`. Strict: a
         rule matching no leaf, or a leaf matched by two, is an error.
+    - `stacked`: as for [`jaxtyping_shard.sharded_init`][]: `{pattern: n}` (or
+        `{pattern: ("pipe",)}`) gives the matching leaves `n` extra leading
+        dims, replicated (or sharded as given), before their annotation's
+        (layers stacked with `eqx.filter_vmap`). A field annotated
+        `jts.Stacked[Block]` declares it without this.
 
     **Returns:**
 
@@ -75,7 +81,7 @@ def shardings(
     or rule, an annotation naming a mesh axis the mesh lacks (the message names
     the leaf), or field annotations that cannot be resolved.
     """
-    leaves, plan = _tree.plan_for(tree, annotations, rules)
+    leaves, plan = _tree.plan_for(tree, annotations, rules, stacked)
     _tree.refuse_problems(leaves, plan, "shardings")
     if mesh is None and any(
         has_sharding(a) and not isinstance(a, NamedSharding) for a in plan.annotations

@@ -15,8 +15,8 @@ from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._rules.scope import current as _current_rules
 from . import resolve as _resolve, spec as _spec
-from .given import describe, fixed_rank, layout_of
-from .spec import LogicalLayout
+from .given import describe, fixed_rank, layout_of, stack_hint
+from .spec import Lead, LogicalLayout
 
 
 def spec_for(
@@ -37,6 +37,8 @@ def spec_for(
     - `mesh`: the mesh the array is (or will be) on, its axes and sizes checked
         against the rules in force; `None` when not known.
     """
+    if isinstance(annotation, Lead):
+        return _lead_spec(annotation, shape, mesh, where)
     if isinstance(annotation, NamedSharding):
         annotation = annotation.spec
     layout = layout_of(annotation, where)
@@ -49,6 +51,7 @@ def spec_for(
         if fixed is not None and ndim != fixed:
             raise ShardingAnnotationError(
                 f"{prefix}{describe(annotation)} has {fixed} dims, but ndim={ndim}."
+                + (stack_hint(ndim - fixed) if ndim > fixed else "")
             )
         if ndim < layout.min_rank:
             raise ShardingAnnotationError(
@@ -72,6 +75,33 @@ def spec_for(
     entries = _resolve.resolve(layout, known, mesh, _current_rules(), label)
     entries = entries + ((),) * (pad_to - len(entries))
     return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+
+
+def _lead_spec(
+    annotation: Lead, shape: Union[tuple, int, None], mesh: Any, where: str
+) -> PartitionSpec:
+    """A stacked leaf's spec: its declared leading entries, then its layer's
+    annotation for the dims after them (replicated if that names no sharding)."""
+    n, inner = len(annotation.lead), annotation.inner
+    ndim = len(shape) if isinstance(shape, tuple) else shape
+    prefix = f"{where}: " if where else ""
+    if ndim is not None and ndim < n:
+        raise ShardingAnnotationError(
+            f"{prefix}rank {ndim}: fewer dims than its {n} declared stacked "
+            "(`stacked=` or `jts.Stacked[...]`). Declare the stack it has."
+        )
+    rest = shape[n:] if isinstance(shape, tuple) else None if ndim is None else ndim - n
+    if not _spec.has_sharding(inner):
+        count = rest if isinstance(rest, int) else len(rest or ())
+        return PartitionSpec(*annotation.lead, *([None] * count))
+    try:
+        spec = spec_for(inner, rest, mesh, where)
+    except ShardingAnnotationError as error:
+        raise ShardingAnnotationError(
+            f"{error} (after the leaf's {n} declared stacked dim{'s' * (n > 1)}: "
+            "check `stacked=` or its `jts.Stacked[...]` field)"
+        ) from None
+    return PartitionSpec(*annotation.lead, *spec)
 
 
 def needs_shape(annotation: Any) -> bool:

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from . import spec as _spec
-from .spec import LogicalLayout, sharded_members
+from .spec import Lead, LogicalLayout, sharded_members
 from .validate import validate_spec
 
 
@@ -22,6 +22,12 @@ _EXAMPLE = (
 
 def describe(annotation: Any) -> str:
     """How an annotation is shown in messages."""
+    if isinstance(annotation, Lead):
+        n = len(annotation.lead)
+        lead = _spec.format_spec(PartitionSpec(*annotation.lead))
+        return (
+            f"{describe(annotation.inner)} after {n} stacked dim{'s' * (n > 1)} {lead}"
+        )
     if isinstance(annotation, PartitionSpec):
         return _spec.format_spec(annotation)
     if isinstance(annotation, NamedSharding):
@@ -68,7 +74,26 @@ def _layout_of_spec(spec: PartitionSpec) -> _spec.Layout:
 
 def fixed_rank(annotation: Any) -> Optional[int]:
     """The rank the annotation's dim string fixes, or `None` if it is variadic."""
+    if isinstance(annotation, Lead):
+        inner = fixed_rank(annotation.inner)
+        return None if inner is None else inner + len(annotation.lead)
     for member in sharded_members(annotation):
         if member.index_variadic is None:
             return len(member.dims)
     return None
+
+
+def stack_hint(extra: int, pattern: Optional[str] = None) -> str:
+    """What a rank error says when an array has `extra` more leading dims than
+    its annotation: it may be a stack of layers, declared as such (`pattern`:
+    the leaf's path, when the caller knows it)."""
+    declared = f"{{{pattern!r}: {extra}}}" if pattern else f"{{pattern: {extra}}}"
+    return (
+        f"{STACK_HINT} (`eqx.filter_vmap`, `jax.lax.scan`), declare "
+        f"its {extra} extra leading dim{'s' * (extra > 1)}: `stacked={declared}` "
+        f"on the call, or once on the field: `jts.Stacked[Block"
+        f"{'' if extra == 1 else f', {extra}'}]`."
+    )
+
+
+STACK_HINT = " If it is a stack of layers"

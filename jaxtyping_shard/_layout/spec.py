@@ -284,9 +284,34 @@ def sharded_members(annotation: Any) -> tuple[Any, ...]:
     return ()
 
 
+class Lead:
+    """The annotation of a stacked leaf (`stacked=`, `jts.Stacked`): `lead`, one
+    spec entry (mesh axes) per extra leading dim, then `inner` (the annotation of
+    one layer) for the dims after them. Made by the tree walk only; `spec_for`
+    resolves it, the tree checks check it (`_trees.stacked.LeadCheck`)."""
+
+    __slots__ = ("inner", "lead")
+
+    def __init__(self, inner: Any, lead: tuple):
+        self.inner, self.lead = inner, tuple(lead)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Lead) and (self.inner, self.lead) == (
+            other.inner,
+            other.lead,
+        )
+
+    def __hash__(self) -> int:
+        return hash((Lead, self.inner, self.lead))
+
+    def __repr__(self) -> str:
+        return f"Lead({self.inner!r}, {self.lead!r})"
+
+
 def has_sharding(annotation: Any) -> bool:
-    """Whether `annotation` says anything about a sharding."""
-    return isinstance(annotation, (PartitionSpec, NamedSharding)) or bool(
+    """Whether `annotation` says anything about a sharding (a stacked leaf's
+    does: its leading dims, and replicated where its layer's says nothing)."""
+    return isinstance(annotation, (PartitionSpec, NamedSharding, Lead)) or bool(
         sharded_members(annotation)
     )
 

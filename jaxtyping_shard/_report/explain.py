@@ -17,7 +17,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given, spec as _spec
-from .._layout.spec import has_sharding, is_variadic, LogicalLayout, sharded_members
+from .._layout.spec import (
+    has_sharding,
+    is_variadic,
+    Lead,
+    LogicalLayout,
+    sharded_members,
+)
 from .._rules import scope as _rules
 from .._trees import paths as _paths, walk as _tree
 from .._trees.stacked import stacked_prefixes
@@ -236,11 +242,7 @@ def _inner_shape(
     after = f" after its {len(lead)} stacked" if lead else ""
     hint = ""
     if len(inner) > fixed:
-        declared = {_paths.rule_path(key_path): len(shape) - fixed}
-        hint = (
-            " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
-            f"extra leading dims: `stacked={declared!r}`."
-        )
+        hint = _given.stack_hint(len(shape) - fixed, _paths.rule_path(key_path))
     raise ShardingAnnotationError(
         f"{where}: {_given.describe(annotation)} has {fixed} dims, but the array of "
         f"shape {shape} has {len(inner)}{after}.{hint}"
@@ -345,15 +347,19 @@ def explain(
         where = _given.describe(annotation_or_tree)
         rows.append(_row("-", annotation_or_tree, None, mesh, sizes, where))
     else:
-        values, plan = _tree.plan_for(annotation_or_tree, annotations, rules)
+        tree = annotation_or_tree
+        values, plan = _tree.plan_for(tree, annotations, rules, stacked)
         _tree.refuse_problems(values, plan, "explain")
-        leaves = _tree.walk(annotation_or_tree, annotations, rules)
-        leads = stacked_prefixes(tuple(x.path for x in leaves), stacked)
-        for leaf, lead in zip(leaves, leads):
+        declared = stacked_prefixes(plan.paths, stacked)
+        for leaf, by_key in zip(
+            _tree.walk(tree, annotations, rules, stacked), declared
+        ):
             path = jax.tree_util.keystr(leaf.path) or "-"
-            annotation, value = leaf.annotation, leaf.value
+            annotation, value, lead = leaf.annotation, leaf.value, ()
+            if isinstance(annotation, Lead):  # a stacked leaf
+                annotation, lead = annotation.inner, annotation.lead
             if annotation is None and has_sharding(value):
-                annotation, value = value, None  # a tree of annotations
+                annotation, value, lead = value, None, by_key  # annotations
             if isinstance(annotation, NamedSharding):
                 annotation = annotation.spec
             if not has_sharding(annotation):

@@ -9,13 +9,12 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge, spec as _spec
-from .._layout.spec import has_sharding
+from .._layout import bridge as _bridge, given as _given, spec as _spec
+from .._layout.spec import has_sharding, Lead
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
 from . import leaves as _leaves, paths as _paths, walk as _tree
 from .like import params_shaped
-from .stacked import rank_mismatch, stacked_prefixes
 
 
 T = TypeVar("T")
@@ -146,10 +145,8 @@ def check_tree(
         leaves, plan = _tree.plan_for(tree)
         checkers = _like_checkers(plan.paths, like, stacked, tree, leaves)
     else:
-        leaves, plan = _tree.plan_for(tree, annotations, rules)
+        leaves, plan = _tree.plan_for(tree, annotations, rules, stacked)
         checkers = checkers_of(plan)
-        if stacked:
-            checkers = _stacked_checkers(leaves, plan, checkers, stacked, name)
     counts = _leaves.Counts()
     counts.add(name, leaves, plan, checkers)
     failures = _leaves.leaf_failures(leaves, plan.paths, checkers, name)
@@ -183,33 +180,13 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
             out.append(sharding_check(annotation))  # its devices too
         elif isinstance(annotation, PartitionSpec):
             out.append(spec_check(annotation))
+        elif isinstance(annotation, Lead):
+            out.append(LeadCheck(annotation))  # a stacked leaf, checked by shape
         else:
             out.append(annotation)
     checkers = tuple(out)
     plan.cache[key] = checkers
     return checkers
-
-
-def _stacked_checkers(
-    leaves: list, plan: Any, checkers: tuple, stacked: Mapping[str, Any], name: str
-) -> tuple:
-    """The checkers of leaves with declared leading dims: the declared entries,
-    then the spec of their annotation for the remaining dims."""
-    leads = stacked_prefixes(plan.paths, stacked)
-    out = list(checkers)
-    for i, (leaf, lead) in enumerate(zip(leaves, leads)):
-        if lead and out[i] is not None:
-            where = _paths.path_name(name, plan.paths[i])
-            out[i] = _with_lead(leaf, out[i], lead, where)
-    return tuple(out)
-
-
-def _with_lead(leaf: Any, annotation: Any, lead: tuple, where: str) -> Any:
-    wrong = rank_mismatch(leaf, annotation, lead)
-    if wrong:
-        return _leaves.Missing(wrong, layout=True)
-    spec = _stacked_spec(leaf, annotation, lead, where)
-    return spec_check(spec)
 
 
 def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
@@ -229,11 +206,8 @@ def _like_checkers(
     tree: Any = None,
     leaves: Optional[list] = None,
 ) -> tuple:
-    like_leaves, like_plan = _tree.plan_for(like)
-    leads = stacked_prefixes(like_plan.paths, stacked)
-    entries = list(
-        zip(like_leaves, like_plan.annotations, like_plan.paths, leads, strict=True)
-    )
+    like_leaves, like_plan = _tree.plan_for(like, stacked=stacked)
+    entries = list(zip(like_leaves, like_plan.annotations, like_plan.paths))
     by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
     ids = [tuple(map(_paths.key_id, path)) for path in paths]
     state = None
@@ -262,8 +236,9 @@ def _like_checkers(
                 )
             )
             continue
-        leaf, annotation, like_path, lead = found
-        if lead and has_sharding(annotation):
+        leaf, annotation, like_path = found
+        if isinstance(annotation, Lead):
+            lead, annotation = annotation.lead, annotation.inner
             wrong = rank_mismatch(leaf, annotation, lead)
             if wrong:
                 out.append(_leaves.Missing(f"`like` leaf of {wrong}", layout=True))
@@ -339,3 +314,72 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
         f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
         "mesh axes to compare with. Place it with a NamedSharding."
     )
+
+
+def rank_mismatch(leaf: Any, annotation: Any, lead: tuple) -> str:
+    """Why a stacked leaf's rank cannot hold its declared leading dims and then
+    its annotation's ("" if it can): a mismatch of that leaf, reported with the
+    others (a layer not stacked, or stacked twice), not an annotation error."""
+    rank = len(getattr(leaf, "shape", ()))
+    if rank < len(lead):
+        return f"rank {rank}: fewer dims than its {len(lead)} declared stacked"
+    if not has_sharding(annotation):
+        return ""
+    fixed = _given.fixed_rank(annotation)
+    least = _given.layout_of(annotation).min_rank
+    rest = rank - len(lead)
+    if (fixed is None or rest == fixed) and rest >= least:
+        return ""
+    dims = f"{fixed}" if fixed is not None else f"at least {least}"
+    stacked = f"{len(lead)} declared stacked dim{'s' if len(lead) > 1 else ''}"
+    return (
+        f"rank {rank}: its {stacked} and the {dims} dims of "
+        f"{_given.describe(annotation)} make rank "
+        f"{len(lead) + fixed if fixed is not None else f'{len(lead) + least} or more'}"
+    )
+
+
+class LeadCheck:
+    """What the tree checks check a stacked leaf against: its declared leading
+    entries, then its layer's spec for the dims after them, resolved per value
+    as a check resolves (`of_value`), compared as a spec (`spec_check`).
+    `leaves.leaf_failures` asks `_jts_rank_reason` first (a rank mismatch is a
+    layout mismatch, reported as the mode says)."""
+
+    _jts_stacked = True  # counted as checked (`leaves._bare`)
+
+    def __init__(self, lead: Lead):
+        self.lead = lead
+        self.__name__ = self.__qualname__ = _given.describe(lead)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return self.__instancecheck_str__(obj) == ""
+
+    def __instancecheck_str__(self, obj: Any) -> str:
+        wrong = self._jts_rank_reason(obj)
+        if wrong:
+            return wrong
+        shape, mesh = of_value(obj)
+        spec = _bridge.spec_for(self.lead, shape, mesh)
+        check = spec_check(spec)
+        if isinstance(obj, jax.ShapeDtypeStruct) and obj.sharding is not None:
+            return check._jts_sharding_str(obj)
+        return check.__instancecheck_str__(obj)
+
+    def _jts_rank_reason(self, obj: Any) -> str:
+        """Why `obj`'s rank cannot hold the declared stack and its layer ("" if
+        it can), saying how to declare the stack it has."""
+        wrong = rank_mismatch(obj, self.lead.inner, self.lead.lead)
+        if wrong:
+            rank = len(getattr(obj, "shape", ()))
+            fixed = _given.fixed_rank(self.lead)
+            extra = rank - fixed if fixed is not None and rank > fixed else 0
+            hint = (
+                _given.stack_hint(extra + len(self.lead.lead)).replace(
+                    "declare its", "declare all its"
+                )
+                if extra
+                else " Check the stack declared (`stacked=` or `jts.Stacked[...]`)."
+            )
+            return f"{wrong}.{hint}"
+        return ""

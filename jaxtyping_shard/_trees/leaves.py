@@ -26,7 +26,7 @@ from .._core import site as _site
 from .._core.errors import ShardingTypeCheckError
 from .._core.failures import warn_at_user_line
 from .._core.modes import current_mode
-from .._layout import spec as _spec
+from .._layout import given as _given, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict.compare import FIX
 from . import paths as _paths
@@ -54,6 +54,9 @@ def leaf_failures(
         for leaf, checker, path in zip(leaves, checkers, paths):
             if checker is None:
                 continue
+            if hasattr(checker, "_jts_rank_reason"):  # stacked: its rank first
+                wrong = checker._jts_rank_reason(leaf)
+                checker = Missing(wrong, layout=True) if wrong else checker
             if type(checker) is Missing:
                 reason = checker.reason
                 if checker.layout and current_mode() != "check":
@@ -76,11 +79,23 @@ def leaf_failures(
             else:
                 reason = _reason(checker, leaf)
             if reason:
+                hint = _stack_hint(leaf, checker)
+                reason = f"{reason.rstrip('.')}.{hint}" if hint else reason
                 failures.append((_paths.path_name(name, path), reason))
     finally:
         if hidden:
             _shape_storage.memo_stack = hidden
     return failures
+
+
+def _stack_hint(leaf: Any, checker: Any) -> str:
+    """A leaf with more dims than its annotation fixes may be a stack of layers:
+    what a rank mismatch adds, saying how to declare one."""
+    if not all(hasattr(m, "index_variadic") for m in sharded_members(checker)):
+        return ""  # a spec, a sharding: any rank
+    fixed = _given.fixed_rank(checker)
+    rank = len(getattr(leaf, "shape", ()))
+    return _given.stack_hint(rank - fixed) if fixed is not None and rank > fixed else ""
 
 
 def _reason(checker: Any, leaf: Any, one: Any = None) -> str:
@@ -237,11 +252,15 @@ def _bare(plan: Any, checkers: tuple) -> tuple[int, tuple]:
         tuple(
             i
             for i, c in enumerate(checkers)
-            if not (has_sharding(c) or type(c) is Missing)
+            if not (has_sharding(c) or type(c) is Missing or _is_stacked(c))
         ),
     )
     plan.cache["bare"] = (checkers, out)
     return out
+
+
+def _is_stacked(checker: Any) -> bool:
+    return getattr(checker, "_jts_stacked", False) is True
 
 
 def is_array(x: Any) -> bool:

@@ -34,11 +34,9 @@ Interface (reuse it unchanged):
   key cannot tell them from arrays); `refuse_problems` raises them for the
   functions that lay a tree out.
 - `walk(tree, annotations, rules)` gives the same as a list of `Leaf` tuples.
-- `paths.path_name(name, path)`: how a leaf is named in messages
-  (`model.blocks[1].mlp.w_in`).
 
-What a hint says about a leaf is read by `hints`; key paths and path patterns
-are `paths`'s; path rules are applied here (`apply_rules`).
+Hints are read by `hints`; key paths, patterns and leaf names by `paths`;
+stacked layers (`stacked=`, `Stacked[...]`) by `stacked`; path rules here.
 
 Which annotation applies to a leaf, from strongest to weakest: a rule that
 matches its path; the nearest enclosing entry of the annotation tree (a
@@ -66,6 +64,7 @@ from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
 from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
+from .stacked import key as stacked_key, mark_of, with_leads
 
 
 class Leaf(NamedTuple):
@@ -98,6 +97,7 @@ class _Walk:
     def __init__(self) -> None:
         self.items: list = []
         self.problems: list = []
+        self.leads: list = []  # per leaf, the dims `Stacked[...]` hints declare
 
 
 def _children(node: Any) -> Optional[list]:
@@ -156,7 +156,13 @@ def _match_prefix(node: Any, kids: list, ann: Any, where: tuple) -> list:
     return out
 
 
-def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
+def _visit(
+    node: Any, path: tuple, hint: Any, walk: _Walk, note: Any, lead: tuple = ()
+) -> None:
+    if isinstance(hint, _Prefix) and mark_of(hint.node)[1]:
+        hint = hint.node  # a `Stacked[...]` given (a parameter's hint): read it
+    hint, more = mark_of(hint)  # `Stacked[Block]`: Block, one more dim
+    lead += more
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
     if _nnx.is_variable(node) and not (
@@ -178,12 +184,13 @@ def _visit(node: Any, path: tuple, hint: Any, walk: _Walk, note: Any) -> None:
             hint = hint.node
         annotation = _checked_leaf(_hints.leaf_annotation(hint), path)
         walk.items.append((path, node, annotation, note))
+        walk.leads.append(lead)
         return
     for (key, child), child_hint in zip(
         kids, _child_hints(node, kids, hint, path, walk)
     ):
         if child is not None:
-            _visit(child, (*path, key), child_hint, walk, note)
+            _visit(child, (*path, key), child_hint, walk, note, lead)
 
 
 def _checked_leaf(annotation: Any, path: tuple) -> Any:
@@ -233,8 +240,10 @@ def make_plan(tree: Any, annotations: Any = None, rules: Any = None) -> _Walk:
     return walk
 
 
-def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
-    """`(leaves, plan)`; see the module docstring."""
+def plan_for(
+    tree: Any, annotations: Any = None, rules: Any = None, stacked: Any = None
+) -> tuple:
+    """`(leaves, plan)`; see the module docstring (`stacked`: see `stacked`)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     try:
         # The rules in force too: a field annotation is compared with a Flax NNX
@@ -244,6 +253,7 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
             _annotations_key(annotations),
             _rules_key(rules),
             _current_rules(),
+            stacked_key(stacked),
         )
         plan = _plans.get(key)
     except (TypeError, ValueError):  # unhashable aux data or annotations
@@ -253,10 +263,11 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
         items = walk.items
         if len(items) != len(leaves):  # pragma: no cover - a walk bug
             raise AssertionError("tree walk and tree_flatten disagree")
+        paths = tuple(x[0] for x in items)
         plan = Plan(
             treedef,
-            tuple(x[0] for x in items),
-            tuple(x[2] for x in items),
+            paths,
+            with_leads(paths, tuple(x[2] for x in items), walk.leads, stacked),
             tuple(x[3] for x in items),
             tuple(walk.problems),
         )
@@ -268,10 +279,12 @@ def plan_for(tree: Any, annotations: Any = None, rules: Any = None) -> tuple:
     return leaves, plan
 
 
-def walk(tree: Any, annotations: Any = None, rules: Any = None) -> list:
+def walk(
+    tree: Any, annotations: Any = None, rules: Any = None, stacked: Any = None
+) -> list:
     """Every leaf of `tree` as `Leaf(path, value, annotation, note)`, in flatten
     order."""
-    leaves, plan = plan_for(tree, annotations, rules)
+    leaves, plan = plan_for(tree, annotations, rules, stacked)
     return [Leaf(*x) for x in zip(plan.paths, leaves, plan.annotations, plan.notes)]
 
 

@@ -17,9 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..._core import mesh as _mesh
 from ..._core.errors import ShardingAnnotationError
 from ..._layout import bridge as _bridge, given as _given, spec as _spec
-from ..._layout.spec import has_sharding
+from ..._layout.spec import has_sharding, Lead
 from ..._trees import paths as _paths, walk as _tree
-from ..._trees.stacked import stacked_prefixes, StackedSpec
+from ..._trees.stacked import StackedSpec
 from .trace import is_array
 
 
@@ -42,54 +42,38 @@ def leaf_shardings(
     Unannotated array leaves are replicated (an error if `strict`). Raises one
     `ShardingAnnotationError` listing every leaf that cannot be laid out.
     """
-    leaves, plan = _tree.plan_for(abstract, annotations, rules)
+    leaves, plan = _tree.plan_for(abstract, annotations, rules, stacked)
     _tree.refuse_problems(leaves, plan, what, "output")
-    leads = stacked_prefixes(plan.paths, stacked)
     sizes = _mesh.sizes(mesh)
     problems: list[str] = []
     unannotated: list[str] = []
     out: list[Optional[NamedSharding]] = []
-    rows = zip(leaves, plan.annotations, plan.paths, leads)
-    for leaf, annotation, path, lead in rows:
+    for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
         name = "output" + jax.tree_util.keystr(path)
         if not is_array(leaf):
             out.append(None)
             continue
         shape = tuple(leaf.shape)
         if not has_sharding(annotation):
-            if lead:
-                problems.append(
-                    f"  {name}: declared stacked, but its annotation has no sharding"
-                )
-            elif strict:
+            if strict:
                 unannotated.append(name)
             out.append(NamedSharding(mesh, PartitionSpec()))
             continue
-        if len(lead) > len(shape):
-            problems.append(f"  {name}: rank {len(shape)}, fewer dims than stacked")
-            out.append(None)
-            continue
         try:
-            inner = _bridge.spec_for(
-                annotation,
-                shape[len(lead) :],
-                mesh,  # logical annotations resolve here, with the rules in force
-                name,
-            )
+            # A stacked leaf's annotation is a `Lead`: its declared dims first.
+            # Logical annotations resolve here, with the rules in force.
+            spec = _bridge.spec_for(annotation, shape, mesh, name)
         except ShardingAnnotationError as error:
             fixed = _given.fixed_rank(annotation)
-            extra = len(shape) - fixed if fixed is not None and not lead else 0
-            declared = {_paths.rule_path(path): extra}
-            hint = (
-                " If this leaf is a stack of layers (`eqx.filter_vmap`), declare its "
-                f"extra leading dims: `stacked={declared!r}`."
-                if extra > 0
-                else ""
-            )
-            problems.append(f"  {error}{hint}")
+            extra = len(shape) - fixed if fixed is not None else 0
+            text = str(error)
+            if extra > 0 and not isinstance(annotation, Lead):
+                text = text.split(_given.STACK_HINT)[0] + _given.stack_hint(
+                    extra, _paths.rule_path(path)
+                )
+            problems.append(f"  {text}")
             out.append(None)
             continue
-        spec = PartitionSpec(*lead, *inner)
         missing = _missing_axes(spec, mesh)
         if missing:
             axes = ", ".join(repr(a) for a in mesh.axis_names)

@@ -161,6 +161,12 @@ def call_mesh(flat: list) -> Any:
     return _mesh.context_mesh()  # abstract inside another trace, or None
 
 
+def leaf_shardings(leaves: list, plan: Any, mesh: Any, fname: str, name: str) -> list:
+    """`leaf_sharding` of each leaf of one argument (or the result)."""
+    rows = zip(leaves, plan.annotations, plan.paths)
+    return [leaf_sharding(x, ann, mesh, fname, name, path) for x, ann, path in rows]
+
+
 def leaf_sharding(
     leaf: Any, annotation: Any, mesh: Any, fname: str, name: str, path: tuple
 ) -> Any:

@@ -27,11 +27,16 @@ from ..._trees import (
     walk as _tree,
 )
 from ..._trees.signature import read
+from ..._trees.stacked import lenient
 
 
-def checked(fun: Callable, what: str = "jaxtyping_shard.jit") -> Callable:
+def checked(
+    fun: Callable, what: str = "jaxtyping_shard.jit", stacked: Any = None
+) -> Callable:
     """`fun`, checking the sharded leaves of its arguments and result (`what`:
-    the wrapper messages name, as `what(fun)`)."""
+    the wrapper messages name, as `what(fun)`; `stacked`: `stacked=`, matched
+    against each argument and the result)."""
+    stacked = lenient(stacked)
     info: list = []  # the signature, read at the first call
     entry = Entry(fun, _hints.field_hints)
 
@@ -49,13 +54,13 @@ def checked(fun: Callable, what: str = "jaxtyping_shard.jit") -> Callable:
         structure: list = []
         counts = _leaves.Counts()
         for param, value, hint in signature.arguments(args, kwargs):
-            _failures(value, hint, param, name, False, counts, failures, structure)
+            _failures(value, hint, param, name, stacked, counts, failures, structure)
         if failures or structure:
             raise _leaves.error(f"{where}, arguments", failures, counts, structure)
         out = fun(*args, **kwargs)
         counts = _leaves.Counts()
         hint = signature.hint("return") or signature.unread.get("return")
-        _failures(out, hint, "return", name, True, counts, failures, structure)
+        _failures(out, hint, "return", name, stacked, counts, failures, structure)
         if failures or structure:
             raise _leaves.error(f"{where}, return value", failures, counts, structure)
         return out
@@ -71,7 +76,7 @@ def _failures(
     hint: Any,
     name: str,
     function: str,
-    is_return: bool,
+    stacked: Any,
     counts: _leaves.Counts,
     failures: list,
     structure: list,
@@ -83,7 +88,8 @@ def _failures(
         # checker's to check (jaxtyped, beartype, typeguard); checking it here too
         # would report each of its mismatches twice.
         return
-    leaves, plan = _tree.plan_for(value, hint)
+    is_return = name == "return"
+    leaves, plan = _tree.plan_for(value, hint, None, stacked)
     checkers = _check_tree.checkers_of(plan, sharded_only=True)
     structure += [
         (_paths.path_name(name, path), reason)

@@ -31,7 +31,7 @@ from ..._core.modes import mode_reader
 from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
-from ..._trees import hints as _hints, walk as _tree
+from ..._trees import hints as _hints, stacked as _stacked, walk as _tree
 from ..._trees.signature import read, Signature
 from . import arguments as _arguments
 from .entry import (
@@ -62,6 +62,7 @@ class AnnotatedJit:
     def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
         kwargs = dict(jit_kwargs)
         self._reshard = bool(kwargs.pop("reshard_inputs", False))
+        self._stacked = _stacked.lenient(kwargs.pop("stacked", None))
         for key in ("in_shardings", "out_shardings"):
             value = kwargs.get(key)
             if isinstance(value, str) and value != ANNOTATIONS:
@@ -350,11 +351,8 @@ class AnnotatedJit:
             if f is None:
                 in_leaves.append(None)
                 continue
-            leaves, plan = _tree.plan_for(value, self._hint(name))
-            out = [
-                _arguments.leaf_sharding(leaf, ann, mesh, self._name, name, path)
-                for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
-            ]
+            leaves, plan = _tree.plan_for(value, self._hint(name), None, self._stacked)
+            out = _arguments.leaf_shardings(leaves, plan, mesh, self._name, name)
             indivisible += _arguments.indivisible(name, leaves, out, plan.paths)
             in_leaves.append(out)
             trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
@@ -380,11 +378,8 @@ class AnnotatedJit:
         # The result's shapes, from an abstract evaluation (no data moves): each
         # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
-        leaves, plan = _tree.plan_for(out, hint)
-        shardings = [
-            _arguments.leaf_sharding(leaf, ann, mesh, self._name, "return", path)
-            for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
-        ]
+        leaves, plan = _tree.plan_for(out, hint, None, self._stacked)
+        shardings = _arguments.leaf_shardings(leaves, plan, mesh, self._name, "return")
         indivisible = _arguments.indivisible("return", leaves, shardings, plan.paths)
         _arguments.raise_indivisible(self._name, "results", indivisible, mesh)
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)

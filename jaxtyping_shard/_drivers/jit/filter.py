@@ -74,8 +74,9 @@ def filter_jit(
     - `donate`: as `eqx.filter_jit`'s: `"none"` (the default), `"all"`,
         `"all-except-first"`, `"warn"` or `"warn-except-first"`.
     - `in_shardings="annotations"`, `out_shardings="annotations"`,
-        `reshard_inputs=True`: as for [`jaxtyping_shard.jit`][], applied to the
-        array leaves (keyword-only and `*args` parameters are not donated).
+        `reshard_inputs=True`, `stacked=`: as for [`jaxtyping_shard.jit`][],
+        applied to the array leaves (keyword-only and `*args` parameters are
+        not donated).
 
     **Returns:**
 
@@ -105,19 +106,20 @@ def filter_jit(
             "jaxtyping-shard[equinox]` (or use jaxtyping_shard.jit)."
         ) from error
 
-    checked = _boundary.checked(fun, "jaxtyping_shard.filter_jit")
+    stacked = jit_kwargs.pop("stacked", None)
+    checked = _boundary.checked(fun, "jaxtyping_shard.filter_jit", stacked)
     others = [k for k in jit_kwargs if k not in _ACCEPTED]
     if others or not (_derive.uses_annotations(jit_kwargs) or not jit_kwargs):
         raise ValueError(
             f"filter_jit({', '.join(others or jit_kwargs)}=...): eqx.filter_jit "
             "takes no jax.jit keyword arguments (every non-array leaf is static "
             "already); the only ones accepted here are in_shardings='annotations', "
-            "out_shardings='annotations' and reshard_inputs=True."
+            "out_shardings='annotations', reshard_inputs=True and stacked=."
         )
     if not jit_kwargs:
         return eqx.filter_jit(checked, donate=donate)
     split = _split_function(fun, checked)
-    kwargs = dict(jit_kwargs, static_argnums=(0,))
+    kwargs = dict(jit_kwargs, static_argnums=(0,), stacked=stacked)
     donated = _donated(fun, donate)
     if donated:
         kwargs["donate_argnums"] = donated

@@ -72,7 +72,12 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
         `jit`'s shardings from `fun`'s annotations, and `reshard_inputs=True`
         moves committed arguments placed otherwise instead of raising a
         [`jaxtyping_shard.ShardingTypeCheckError`][] naming them (see
-        [Input placement](placement.md)).
+        [Input placement](placement.md)), and `stacked={pattern: n}` gives
+        the leaves matching the pattern (in each argument and the result,
+        paths relative to each) `n` extra leading dims before their
+        annotation's, for the checks and the derived shardings, as
+        [`jaxtyping_shard.sharded_init`][]'s `stacked=` (a field annotated
+        `jts.Stacked[Block]` needs no pattern).
 
     **Returns:**
 
@@ -83,8 +88,10 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     """
     if fun is None:
         return ft.partial(jit, **jit_kwargs)
-    checked = _boundary.checked(fun)  # every annotated leaf inside args and results
+    stacked = jit_kwargs.get("stacked")
+    # Every annotated leaf inside args and results.
+    checked = _boundary.checked(fun, stacked=stacked)
     if _jit_shardings.uses_annotations(jit_kwargs):
         # in_shardings / out_shardings="annotations": derived from the signature.
         return _jit_shardings.AnnotatedJit(checked, jit_kwargs, jax.jit)
-    return jax.jit(checked, **jit_kwargs)
+    return jax.jit(checked, **{k: v for k, v in jit_kwargs.items() if k != "stacked"})
