@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxtyping_shard as jts
-from examples.transformer import layout, model, optim, preflight as example, train
+from examples.transformer import layout, model, preflight as example, train
 from jaxtyping_shard._core import compat
 
 from .test_transformer_bugs import BUGS, mutate
@@ -107,8 +107,7 @@ def test_report_bytes_are_xla_bytes_on_the_real_mesh(kind):
     tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
     with jax.set_mesh(mesh), jts.axis_rules(layout.RULES["fsdp_tp"]):
         # As `init` makes them (`jts.abstract` is `sharded_init`'s plan), unrun.
-        params = jts.abstract(model.Transformer, key, config, mesh=mesh)
-        opt = jts.abstract(optim.adamw_init, params, mesh=mesh)
+        params, opt = jts.abstract(train.init_state, key, config, mesh=mesh)
         batch = train.Batch(tokens, tokens)  # placed as annotated
         report = jts.preflight(train.train_step, params, opt, batch, mesh=mesh)
         # On Auto axes preflight compiles the step on this (concrete) mesh, and

@@ -32,55 +32,50 @@ class Bug(NamedTuple):
     kinds: tuple = KINDS  # the mesh kinds on which it is a mis-sharding
 
 
+PS = "jax.sharding.PartitionSpec()"
 BUGS = {
-    # A weight on the wrong axis: the MLP's output weight gathered with the input
-    # weight's annotation (its `embed` dim split over `model`, `mlp` whole).
+    # A weight stored on the wrong axis: the MLP's output weight annotated with
+    # the input weight's logical names (its `embed` dim split over `model`).
     "weight_on_wrong_axis": Bug(
         "model.py",
-        "jts.reshard(self.w_out, UsedMlpOut)",
-        "jts.reshard(self.w_out, UsedIn)",
+        "    w_out: MlpOut",
+        '    w_out: Float[Array, "mlp embed", L("embed", "mlp")]',
         "argument `w_out` of `down`",
+    ),
+    # The FSDP all-gather forgotten: the MLP's stored weights reach its matmuls.
+    "fsdp_gather_forgotten": Bug(
+        "model.py",
+        "mlp = jts.as_used(self)",
+        "mlp = self",
+        "argument `w_in` of `up`",
     ),
     # The batch replicated on every device instead of split over `data`.
     "batch_replicated": Bug(
         "train.py",
         'return jts.place_for(train_step, "batch", local, mesh)',
-        "return jts.place(local, jax.sharding.PartitionSpec(), mesh)",
-        "`batch.tokens` is `int32[8,16]`",
+        f"return jts.place(local, {PS}, mesh)",
+        "`batch.tokens` is `int32[16,16]`",
     ),
     # After the MLP's row-parallel matmul the activation is left split over
     # `model` (a reduce-scatter where an all-reduce was meant).
     "activation_left_on_model": Bug(
         "model.py",
-        'return einsum("bsm,me->bse", h, w_out, out=Hidden)',
-        'return einsum("bsm,me->bse", h, w_out, out=MlpHidden)',
+        'return jts.einsum("bsm,me->bse", h, w_out)',
+        'return jts.reshard(jts.einsum("bsm,me->bse", h, w_out), MlpHidden)',
         "the return value of `down`",
     ),
     # The same after the attention's row-parallel matmul.
     "attention_output_left_on_model": Bug(
         "model.py",
-        'return einsum("bshd,hde->bse", heads, wo, out=Hidden)',
-        'return einsum("bshd,hde->bse", heads, wo, out=MlpHidden)',
+        'return jts.einsum("bshd,hde->bse", heads, wo)',
+        'return jts.reshard(jts.einsum("bshd,hde->bse", heads, wo), MlpHidden)',
         "the return value of `mix`",
-    ),
-    # Gradients left gathered, as the matmuls used the weights. On Explicit
-    # meshes JAX reshards a cotangent back to its input's layout, so the line is
-    # not needed there and removing it is no mis-sharding.
-    "gathered_gradient": Bug(
-        "train.py",
-        "params = jts.reshard(params)",
-        "pass",
-        # (at trace time: each gradient is what the transpose of the forward
-        # pass's `jts.reshard` constrains, the layout the matmuls used)
-        "grads.embed",
-        kinds=("auto",),
     ),
     # Logits replicated (gathered over the vocabulary) before the loss.
     "replicated_logits": Bug(
         "train.py",
         "return cross_entropy(params(batch.tokens), batch.labels)",
-        "return cross_entropy(jts.reshard(params(batch.tokens), "
-        "jax.sharding.PartitionSpec()), batch.labels)",
+        f"return cross_entropy(jts.reshard(params(batch.tokens), {PS}), batch.labels)",
         "argument `logits` of `cross_entropy`",
     ),
     # A layernorm scale sharded (FSDP over `embed`) where it should be replicated.
@@ -94,24 +89,43 @@ BUGS = {
     # whole, so every device computes every head.
     "tp_forgotten": Bug(
         "model.py",
-        "q = project(x, jts.reshard(self.wq, UsedQKV))",
-        'q = project(x, jts.reshard(self.wq, Float[Array, "e h d", L(None, None, None)]))',  # noqa: E501
+        "q = project(x, attn.wq)",
+        'q = project(x, jts.reshard(attn.wq, Float[Array, "e h d", L(None, None, None)]))',  # noqa: E501
         "argument `w` of `project`",
     ),
     # An update that replicates the weights.
     "update_replicates_weights": Bug(
-        "optim.py",
-        "return p - LEARNING_RATE * (adam + WEIGHT_DECAY * p)",
-        "return jts.reshard(p - LEARNING_RATE * (adam + WEIGHT_DECAY * p), "
-        "jax.sharding.PartitionSpec())",
-        "return[0].blocks[0].attn.wq",
+        "train.py",
+        "return optax.apply_updates(params, updates), opt_state, loss",
+        f"return jts.reshard(optax.apply_updates(params, updates), {PS}), "
+        "opt_state, loss",
+        "return[0].embed",
     ),
-    # The optimiser state created without its annotations: replicated.
+    # optax's state created from replicated zeros: every moment whole on every
+    # device (the parameters themselves are right).
     "unsharded_optimizer_state": Bug(
         "train.py",
-        "opt = jts.sharded_init(adamw_init, shapes, mesh=mesh)",
-        "opt = adamw_init(shapes)",
-        "`opt.mu.embed` is `float32[64,32]`",
+        "opt_state = jts.sharded_init(optimizer.init, params, mesh=mesh)",
+        "opt_state = optimizer.init(jax.tree.map(lambda p: jnp.zeros(p.shape), "
+        "params))",
+        "opt_state[1][0].mu.embed",
+    ),
+    # The optimiser state replicated inside the step, before optax updates it:
+    # the new moments come back whole.
+    "optimizer_state_replicated_in_step": Bug(
+        "train.py",
+        "updates, opt_state = optimizer.update(grads, opt_state, params)",
+        f"updates, opt_state = optimizer.update(grads, jts.reshard(opt_state, {PS}), "
+        "params)",
+        "return[1][1][0].mu.embed",
+    ),
+    # The accumulated gradients replicated before the update.
+    "gradients_replicated": Bug(
+        "train.py",
+        "loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))",
+        f"loss, grads = jax.tree.map(lambda x: jts.reshard(x / MICRO, {PS}), "
+        "(loss, grads))",
+        "grads.embed",
     ),
     # Labels split over the sequence instead of the batch.
     "labels_over_sequence": Bug(
@@ -137,9 +151,9 @@ BUGS = {
 # culprit; the constraint's own value is decided at trace time, and named first.
 CONSTRAINED = Bug(
     "model.py",
-    "q = project(x, jts.reshard(self.wq, UsedQKV))",
-    "q = jax.lax.with_sharding_constraint(project(x, jts.reshard(self.wq, "
-    "UsedQKV)), jax.sharding.PartitionSpec())",
+    "q = project(x, attn.wq)",
+    "q = jax.lax.with_sharding_constraint(project(x, attn.wq), "
+    "jax.sharding.PartitionSpec())",
     "argument `q` of `attend`",
     kinds=("auto",),
 )

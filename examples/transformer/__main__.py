@@ -7,6 +7,10 @@ devices), and the same program on one device, and checks the losses agree.
 - `--processes 2`: the same on 2 processes x 4 CPU devices (gloo on loopback),
   started by this command; each process checks its losses against a run on one
   of its own devices.
+
+Then it saves an Orbax checkpoint as FSDP over 8 devices (an 8x1 mesh) and
+resumes from it as FSDP + TP on the 4x2 mesh of the other kind: the losses of
+the run with a restart in it equal those of one device.
 """
 
 import argparse
@@ -34,6 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.processes > 1 and args.worker is None:
@@ -87,10 +92,41 @@ def main(argv=None) -> int:
                     f"{BASELINE.name}: {found.count} per call",
                     flush=True,
                 )
+    _resume(args, kinds, reference)
     if args.worker is not None:
         print(f"WORKER {args.worker} OK", flush=True)
         jax.distributed.shutdown()
     return 0
+
+
+def _resume(args, kinds: list[str], reference: list[float]) -> None:
+    """Trains, saves with Orbax, restores onto another layout, trains on."""
+    import tempfile
+
+    import jax
+
+    from .checkpoint import train_and_resume
+
+    who = "" if args.worker is None else f"process {args.worker}: "
+    with tempfile.TemporaryDirectory() as scratch:
+        for before, after in zip(kinds, reversed(kinds)):
+            # One directory for every process of the job (the launcher's).
+            root = args.checkpoint or scratch
+            directory = os.path.join(root, f"{before}-to-{after}")
+            losses = train_and_resume(
+                directory,
+                ("fsdp", before, (8, 1)),
+                ("fsdp_tp", after, (4, 2)),
+                (args.steps - 1, 1),
+            )
+            worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+            assert worst < 1e-5, (before, after, losses, reference)
+            print(
+                f"{who}resumed from an Orbax checkpoint of fsdp on a {before} 8x1 "
+                f"mesh as fsdp_tp on a {after} 4x2 mesh ({jax.process_count()} "
+                f"process(es)): worst relative difference {worst:.1e}",
+                flush=True,
+            )
 
 
 def _passed(args) -> list[str]:

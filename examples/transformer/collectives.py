@@ -26,11 +26,9 @@ def arguments(config, mesh):
     import jaxtyping_shard as jts
 
     from . import train
-    from .optim import adamw_init
 
     key = jax.random.key(0, impl="rbg")
-    params = jts.abstract(train.Transformer, key, config, mesh=mesh)
-    opt = jts.abstract(adamw_init, params, mesh=mesh)
+    params, opt = jts.abstract(train.init_state, key, config, mesh=mesh)
     tokens = jax.ShapeDtypeStruct((config.batch, config.seq), np.int32)
     shapes = train.Batch(tokens, tokens)
     batch = jax.tree.map(

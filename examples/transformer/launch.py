@@ -29,6 +29,7 @@ def launch(processes: int, argv: list[str], timeout_s: float = TIMEOUT_S) -> int
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env["JAX_PLATFORMS"] = "cpu"
     logs = [tempfile.TemporaryFile() for _ in range(processes)]
+    checkpoints = tempfile.TemporaryDirectory()  # shared by the processes
     workers = [
         subprocess.Popen(
             [
@@ -42,6 +43,8 @@ def launch(processes: int, argv: list[str], timeout_s: float = TIMEOUT_S) -> int
                 str(i),
                 "--coordinator",
                 address,
+                "--checkpoint",
+                checkpoints.name,
             ],
             env=env,
             stdin=subprocess.DEVNULL,
@@ -69,6 +72,7 @@ def launch(processes: int, argv: list[str], timeout_s: float = TIMEOUT_S) -> int
                 except ProcessLookupError:
                     pass
             worker.wait()
+        checkpoints.cleanup()
     codes = [w.returncode for w in workers]
     for i, log in enumerate(logs):
         log.seek(0)

@@ -8,6 +8,8 @@ optax. A checkpoint is saved with Orbax and restored onto a target from
 `PartitionSpec` or `NamedSharding` is written here.
 """
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -34,9 +36,8 @@ class Batch(eqx.Module):
 
 
 def loss_fn(params: Transformer, batch: Batch) -> Scalar:
-    # A no-op going forward; its gradient comes back laid out as the parameters
-    # (on Auto meshes XLA would otherwise keep it gathered, as the matmuls use it).
-    params = jts.reshard(params)
+    # Each gradient comes back laid out as its parameter: the weights are used
+    # through `jts.as_used`, whose gradient is laid out as stored.
     return cross_entropy(params(batch.tokens), batch.labels)
 
 
@@ -72,6 +73,8 @@ def train_step(
 
 def make_mesh(shape=(4, 2), axis_type: str = "explicit", devices=None):
     kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[axis_type]
+    if devices is None:
+        devices = jax.devices()[: math.prod(shape)]  # a smaller mesh: the first
     return jax.make_mesh(
         shape, ("data", "model"), axis_types=(kind,) * 2, devices=devices
     )
@@ -96,6 +99,7 @@ def load_batch(step: int, config: Config, mesh) -> Batch:
 
 
 def init_state(key, config: Config) -> tuple[Transformer, optax.OptState]:
+    """The training state, as a restore target takes its shapes and layout from."""
     params = Transformer(key, config)
     return params, optimizer.init(params)
 
@@ -105,7 +109,10 @@ def init(config: Config, mesh, seed: int = 0) -> tuple[Transformer, optax.OptSta
     # RBG keys: the same numbers however the result is sharded (checked by the
     # loss tests), and on CPU about 4x cheaper to compile than threefry.
     key = jax.random.key(seed, impl="rbg")
-    return jts.sharded_init(init_state, key, config, mesh=mesh)
+    params = jts.sharded_init(Transformer, key, config, mesh=mesh)
+    # Each moment created in its parameter's shards.
+    opt_state = jts.sharded_init(optimizer.init, params, mesh=mesh)
+    return params, opt_state
 
 
 def train(
