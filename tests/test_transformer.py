@@ -75,11 +75,12 @@ def test_layouts_differ_only_by_rules_table():
             shapes = jts.abstract(
                 train.Transformer, jax.random.key(0, impl="rbg"), Config(), mesh=mesh
             )
-        specs[layout] = tuple(shapes.blocks[0].attn.wq.sharding.spec)
+        specs[layout] = tuple(shapes.blocks.attn.wq.sharding.spec)
+    # The blocks are stacked (`jts.Stacked[Block]`): first the layer dim, whole.
     assert specs == {
-        "dp": (None, None, None),
-        "fsdp": (("data", "model"), None, None),
-        "fsdp_tp": ("data", "model", None),
+        "dp": (None, None, None, None),
+        "fsdp": (None, ("data", "model"), None, None),
+        "fsdp_tp": (None, "data", "model", None),
     }
 
 

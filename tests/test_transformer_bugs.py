@@ -139,7 +139,7 @@ BUGS = {
         "layout.py",
         '"mlp": "model",',
         '"mlp": "data",',
-        "output.blocks[0].mlp.w_in",
+        "output.blocks.mlp.w_in",
     ),
 }
 

@@ -159,7 +159,9 @@ class Block(eqx.Module):
 
 class Transformer(eqx.Module):
     embed: Embedding
-    blocks: list[Block]
+    # The layers stacked: each leaf of a `Block` with one leading dim (the layer),
+    # declared here once for every function that reads the annotations.
+    blocks: jts.Stacked[Block]
     ln_f: Scale
     unembed: Unembedding
 
@@ -167,15 +169,15 @@ class Transformer(eqx.Module):
         k_embed, k_blocks, k_un = jax.random.split(key, 3)
         self.embed = jax.random.normal(k_embed, (config.vocab, config.embed))
         keys = jax.random.split(k_blocks, config.layers)
-        self.blocks = [Block(k, config) for k in keys]
+        self.blocks = eqx.filter_vmap(lambda k: Block(k, config))(keys)
         self.ln_f = jnp.ones(config.embed)
         self.unembed = _normal(k_un, (config.embed, config.vocab), config.embed)
 
     @checked
     def __call__(self, tokens: Tokens) -> Logits:
         x = lookup(tokens, jts.as_used(self.embed, Embedding))
-        for block in self.blocks:
-            x = block(x)
+        # One layer at a time: a scan over the stacked layers compiles one block.
+        x, _ = jax.lax.scan(lambda x, block: (block(x), None), x, self.blocks)
         x = layer_norm(x, self.ln_f)
         # Column-parallel: the logits stay split over the vocabulary.
         unembed = jts.as_used(self.unembed, Unembedding)
