@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
-from .._trees import walk as _tree
+from .._trees import like as _like, walk as _tree
 
 
 def shardings(
@@ -17,6 +17,7 @@ def shardings(
     *,
     annotations: Any = None,
     rules: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
 ) -> Any:
     """The `NamedSharding` of every annotated leaf of a tree, read off annotations.
 
@@ -61,6 +62,14 @@ def shardings(
     - `rules`: a mapping from a path pattern (`"blocks/*/mlp/weight"`, `"**/bias"`)
         to an annotation, `PartitionSpec`, `NamedSharding` or `None`. Strict: a
         rule matching no leaf, or a leaf matched by two, is an error.
+    - `like`: another tree (the parameters): the shardings follow it by
+        [`jaxtyping_shard.check_tree`][]'s `like=` rule. A tree with `like`'s
+        structure: each leaf as `like`'s leaf at its path. An optimiser state
+        (`opt.init(params)`): each subtree with the parameters' structure (the
+        moments) as the parameters, its leaves of another shape (adafactor's
+        factored statistics) and every other leaf (counts) replicated. `like`'s
+        annotations count, or where it has none its arrays' shardings. Omitted
+        `mesh`: `like`'s. Not together with `annotations` or `rules`.
 
     **Returns:**
 
@@ -75,6 +84,10 @@ def shardings(
     or rule, an annotation naming a mesh axis the mesh lacks (the message names
     the leaf), or field annotations that cannot be resolved.
     """
+    if like is not None:
+        if annotations is not None or rules is not None:
+            raise ValueError("shardings: give `like` or annotations/rules, not both.")
+        return _like_shardings(tree, mesh, like)
     leaves, plan = _tree.plan_for(tree, annotations, rules)
     _tree.refuse_problems(leaves, plan, "shardings")
     if mesh is None and any(
@@ -84,6 +97,19 @@ def shardings(
     out = [
         sharding_for_leaf(leaf, annotation, mesh, path)
         for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths)
+    ]
+    return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def _like_shardings(tree: Any, mesh: Any, like: Any) -> Any:
+    leaves, plan = _tree.plan_for(tree)
+    what = "shardings(like=...)"
+    specs = _like.like_specs(tree, leaves, plan, _tree.plan_for(like), what)
+    if mesh is None:
+        mesh = _like.like_mesh(like) or _bridge.resolve_mesh(None, "shardings")
+    out = [
+        None if getattr(leaf, "shape", None) is None else NamedSharding(mesh, spec)
+        for leaf, spec in zip(leaves, specs)
     ]
     return jax.tree_util.tree_unflatten(plan.treedef, out)
 

@@ -6,13 +6,39 @@ structure of the parameters, the moments, beside leaves of its own (step
 counts, hyperparameters). `params_shaped` finds those subtrees, as
 `optax.tree_map_params` does, by tree structure alone (optax is not imported),
 and maps each of their leaves to the parameters' leaf at the same position.
+
+`like_layout` is the one rule every `like=` follows (`check_tree`, `shardings`,
+`explain`, `sharded_init`, `abstract`, and `jts.Like` at a `jit` boundary): per
+leaf of a tree, the spec it must have, read off `like`'s leaf.
 """
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
+from jax.core import Tracer
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
+from .._layout import bridge as _bridge
+from .._layout.spec import has_sharding
+from .._verdict.inputs import of_value
 from . import paths as _paths
+from .stacked import rank_mismatch, stacked_prefixes
+
+
+class Source(NamedTuple):
+    """What one leaf of a tree must be, by `like`'s rule: `spec`, read off
+    `leaf` (`like`'s leaf; `None` for a leaf that must be replicated), or, when
+    `spec` is `None`, the reason it cannot be laid out (`missing`)."""
+
+    spec: Optional[PartitionSpec]
+    leaf: Any = None
+    missing: str = ""
+    layout: bool = False  # `missing` is about the layout (a rank), not a path
+
+
+REPLICATED = Source(PartitionSpec())
 
 
 def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
@@ -36,3 +62,155 @@ def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
         ):
             matched[tuple(map(_paths.key_id, prefix + path))] = index
     return matched or None
+
+
+def like_layout(
+    paths: tuple,
+    like: tuple,
+    stacked: Any = None,
+    tree: Any = None,
+    leaves: Optional[list] = None,
+    what: str = "check_tree(like=...)",
+) -> list[Source]:
+    """Per leaf (`paths`, `leaves`) of `tree`: its `Source` by `like`'s rule
+    (`like`: its leaves and walk plan, `walk.plan_for(like)`).
+
+    A tree with `like`'s key paths: each leaf as `like`'s leaf at the same path.
+    Otherwise (an optimiser state holding `like`'s structure): each leaf of a
+    params-shaped subtree as its parameter, unless its shape differs (adafactor's
+    factored statistics); every other leaf replicated."""
+    like_leaves, like_plan = like
+    leads = stacked_prefixes(like_plan.paths, stacked)
+    entries = list(
+        zip(like_leaves, like_plan.annotations, like_plan.paths, leads, strict=True)
+    )
+    by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
+    ids = [tuple(map(_paths.key_id, path)) for path in paths]
+    state = None
+    if tree is not None and any(i not in by_path for i in ids):
+        # Not the parameters' structure: an optimiser state holding it (moments
+        # laid out as the parameters, every other leaf replicated).
+        state = params_shaped(tree, like_plan.treedef)
+    out: list[Source] = []
+    for i, (path, key) in enumerate(zip(paths, ids)):
+        if state is not None:
+            index = state.get(key)
+            found = None if index is None else entries[index]
+            if found is None or not _same_shape(leaves, i, found[0]):
+                # A count, a hyperparameter; or a statistic of another shape in
+                # a params-shaped subtree (adafactor's factored moments, a row
+                # and a column per weight): replicated.
+                out.append(REPLICATED)
+                continue
+        else:
+            found = by_path.get(key)
+        if found is None:
+            out.append(
+                Source(
+                    None,
+                    missing=f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
+                    f"structure differs: {like_plan.treedef})",
+                )
+            )
+            continue
+        leaf, annotation, like_path, lead = found
+        if lead and has_sharding(annotation):
+            wrong = rank_mismatch(leaf, annotation, lead)
+            if wrong:
+                out.append(Source(None, missing=f"`like` leaf of {wrong}", layout=True))
+                continue
+            where = "like" + jax.tree_util.keystr(like_path)
+            spec = stacked_spec(leaf, annotation, lead, where)
+        else:
+            spec = _like_spec(leaf, annotation, like_path, what)
+        out.append(Source(spec, leaf))
+    return out
+
+
+def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:
+    shape = getattr(like_leaf, "shape", None)
+    return leaves is None or getattr(leaves[i], "shape", None) == shape
+
+
+def stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
+    """The spec of a leaf with `lead` stacked dims: those entries, then its
+    annotation's for the remaining dims."""
+    shape = tuple(getattr(leaf, "shape", ()))
+    rest = shape[len(lead) :]
+    if not has_sharding(annotation):
+        return PartitionSpec(*lead, *([None] * len(rest)))
+    spec = resolved_spec(leaf, annotation, len(lead), where)
+    entries = tuple(spec) + (None,) * (len(rest) - len(spec))
+    return PartitionSpec(*lead, *entries)
+
+
+def resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
+    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
+    its shape, or inside shard_map its rank, and its mesh)."""
+    shape, mesh = of_value(leaf)
+    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
+    return _bridge.spec_for(annotation, dims, mesh, where)
+
+
+def _like_spec(leaf: Any, annotation: Any, path: tuple, what: str) -> PartitionSpec:
+    where = "like" + jax.tree_util.keystr(path)
+    if has_sharding(annotation):
+        return resolved_spec(leaf, annotation, 0, where)
+    if isinstance(leaf, Tracer):
+        aval = jax.typeof(leaf)
+        mesh = _mesh.of_aval(aval)
+        if mesh is None:
+            return PartitionSpec()
+        unknown = [
+            n
+            for n, t, s in zip(mesh.axis_names, mesh.axis_types, mesh.axis_sizes)
+            if t != AxisType.Explicit and s > 1
+        ]
+        if unknown:
+            raise ShardingAnnotationError(
+                f"{what}: {where} has no annotation, and inside this "
+                f"trace its sharding over the non-Explicit mesh axes {unknown} is "
+                "not known until XLA compiles. Annotate it (field annotations, "
+                "`annotations=` or `rules=` on a check of `like` itself), or check "
+                "against concrete arrays."
+            )
+        return aval.sharding.spec
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec
+    if sharding is None or len(sharding.device_set) == 1:
+        return PartitionSpec()
+    raise ShardingAnnotationError(
+        f"{what}: {where} is sharded as {sharding}, which names no "
+        "mesh axes to compare with. Place it with a NamedSharding."
+    )
+
+
+def like_specs(
+    tree: Any, leaves: list, plan: Any, like: tuple, what: str, stacked: Any = None
+) -> list:
+    """Per leaf of `tree` (its `leaves` and walk `plan`) the spec `like`'s rule
+    gives it; one `ShardingAnnotationError` naming every leaf it cannot place."""
+    sources = like_layout(plan.paths, like, stacked, tree, leaves, what)
+    wrong = [
+        f"  tree{jax.tree_util.keystr(path)}: {s.missing}"
+        for path, s in zip(plan.paths, sources)
+        if s.spec is None
+    ]
+    if wrong:
+        raise ShardingAnnotationError(
+            f"{what}: {len(wrong)} leaf/leaves of the tree have no counterpart in "
+            "`like` (give `like` the parameters whose structure the tree holds):\n"
+            + "\n".join(wrong)
+        )
+    return [s.spec for s in sources]
+
+
+def like_mesh(like: Any) -> Any:
+    """The mesh of `like`'s first leaf placed with a `NamedSharding`, or `None`."""
+    for leaf in jax.tree_util.tree_leaves(like):
+        sharding = None if isinstance(leaf, Tracer) else getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
