@@ -49,6 +49,7 @@ class Request:
     stacked: Optional[Mapping[str, Any]] = None
     strict: bool = False
     what: str = "sharded_init"
+    like: Any = None
 
 
 class Plan(NamedTuple):
@@ -91,6 +92,7 @@ def plan(request: Request) -> Plan:
         mesh = _concrete_mesh(request.mesh, request.what)
     traced = Traced(request.fn, request.args, dict(request.kwargs))
     tree = abstract_shapes(traced, mesh)
+    like = _init_plan.like_of(request, tree)
     shardings = _init_plan.leaf_shardings(
         tree,
         mesh,
@@ -99,6 +101,7 @@ def plan(request: Request) -> Plan:
         request.stacked,
         request.strict,
         request.what,
+        like,
     )
     return Plan(mesh, traced, tree, shardings)
 
@@ -168,14 +171,21 @@ def _spans_processes(x: Any) -> bool:
 
 def _input_sharding(x: Any, replicated: NamedSharding) -> Any:
     # A global array (spanning processes) keeps its own layout: no process holds
-    # all of it to copy, and moving it would be a collective for nothing.
-    return x.sharding if _spans_processes(x) else replicated
+    # all of it to copy, and moving it would be a collective for nothing. So does
+    # one already laid out on the mesh (the parameters of `opt.init(params)`):
+    # replicating it would put a whole parameter on every device.
+    return x.sharding if _spans_processes(x) or _on_mesh(x, replicated) else replicated
+
+
+def _on_mesh(x: Any, replicated: NamedSharding) -> bool:
+    sharding = getattr(x, "sharding", None)
+    return isinstance(sharding, NamedSharding) and sharding.mesh == replicated.mesh
 
 
 def _replicate(x: Any, sharding: NamedSharding) -> Any:
     """`x` (the same value in every process) replicated over the whole mesh; a
     global array as it is."""
-    if _spans_processes(x):
+    if _spans_processes(x) or _on_mesh(x, sharding):
         return x
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
@@ -241,6 +251,7 @@ def sharded_init(
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
+    like: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Calls `fn(*args, **kwargs)`, creating every leaf already sharded as annotated.
@@ -296,6 +307,15 @@ def sharded_init(
         `eqx.filter_vmap`), replicated; `{pattern: ("pipe",)}` shards them.
     - `strict`: `False` (default): unannotated array leaves are replicated.
         `True`: they are an error.
+    - `like`: a tree (the parameters) whose layout `fn`'s result follows, by
+        [`jaxtyping_shard.check_tree`][]'s `like=` rule: every subtree of the
+        result with `like`'s structure (an optimiser state's moments) laid out
+        as `like` (its annotations, or where it has none its arrays'
+        shardings), its leaves of another shape (adafactor's factored
+        statistics) and every other leaf (counts) replicated. Omitted, with no
+        `annotations` or `rules`: the first positional argument holding an
+        array, of more than one leaf, whose structure the result holds: for
+        `sharded_init(opt.init, params)` that is `params`. `like=False`: never.
 
     **Returns:**
 
@@ -311,7 +331,9 @@ def sharded_init(
     fails when XLA compiles it, or a leaf of the result is not laid out as
     annotated.
     """
-    request = Request(fn, args, kwargs, mesh, annotations, rules, stacked, strict)
+    request = Request(
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, like=like
+    )
     if not compat.top_level():
         return _traced_init(request)
     _, run = compile_init(request)
@@ -326,6 +348,7 @@ def abstract(
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
+    like: Any = None,
     **kwargs: Any,
 ) -> Any:
     """The tree `fn(*args, **kwargs)` would return, as `jax.ShapeDtypeStruct`s with
@@ -365,7 +388,7 @@ def abstract(
     compiling.
     """
     request = Request(
-        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract"
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract", like
     )
     _, _, tree, shardings = plan(request)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
