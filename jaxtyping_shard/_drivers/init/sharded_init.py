@@ -307,15 +307,12 @@ def sharded_init(
         `eqx.filter_vmap`), replicated; `{pattern: ("pipe",)}` shards them.
     - `strict`: `False` (default): unannotated array leaves are replicated.
         `True`: they are an error.
-    - `like`: a tree (the parameters) whose layout `fn`'s result follows, by
-        [`jaxtyping_shard.check_tree`][]'s `like=` rule: every subtree of the
-        result with `like`'s structure (an optimiser state's moments) laid out
-        as `like` (its annotations, or where it has none its arrays'
-        shardings), its leaves of another shape (adafactor's factored
-        statistics) and every other leaf (counts) replicated. Omitted, with no
-        `annotations` or `rules`: the first positional argument holding an
-        array, of more than one leaf, whose structure the result holds: for
-        `sharded_init(opt.init, params)` that is `params`. `like=False`: never.
+    - `like`: a tree (the parameters) the result follows by the `like=` rule
+        of [`jaxtyping_shard.check_tree`][] (an optimiser state's moments as
+        the parameters, other leaves replicated). Omitted, with no `annotations`
+        or `rules`: the first positional argument of two or more leaves, one an
+        array, whose structure the result holds (`params` of
+        `sharded_init(opt.init, params)`). `like=False`: never.
 
     **Returns:**
 
