@@ -96,11 +96,17 @@ def like_layout(
         if state is not None:
             index = state.get(key)
             found = None if index is None else entries[index]
-            if found is None or not _same_shape(leaves, i, found[0]):
-                # A count, a hyperparameter; or a statistic of another shape in
-                # a params-shaped subtree (adafactor's factored moments, a row
-                # and a column per weight): replicated.
-                out.append(REPLICATED)
+            if found is None:
+                out.append(REPLICATED)  # a count, a hyperparameter
+                continue
+            if not _same_shape(leaves, i, found[0]):
+                if found[3]:  # stacked
+                    out.append(REPLICATED)
+                    continue
+                # A statistic of another shape in a params-shaped subtree:
+                # adafactor's factored moments, its parameter reduced over one
+                # dim, as a reduction lays it out; else (placeholders) replicated.
+                out.append(_reduced(leaves[i], found, what))  # type: ignore[index]
                 continue
         else:
             found = by_path.get(key)
@@ -125,6 +131,23 @@ def like_layout(
             spec = _like_spec(leaf, annotation, like_path, what)
         out.append(Source(spec, leaf))
     return out
+
+
+def _reduced(leaf: Any, found: tuple, what: str) -> Source:
+    """The layout of a leaf whose shape is its parameter's without one dim: the
+    parameter's spec without that dim's entry. Replicated when no dim, or several
+    dims with different entries (equal sizes: which one is not known), fit."""
+    like_leaf, annotation, like_path, _ = found
+    shape, target = tuple(like_leaf.shape), tuple(getattr(leaf, "shape", ()))
+    dims = [k for k in range(len(shape)) if shape[:k] + shape[k + 1 :] == target]
+    if not dims:
+        return REPLICATED
+    spec = _like_spec(like_leaf, annotation, like_path, what)
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    candidates = {entries[:k] + entries[k + 1 :] for k in dims}
+    if len(candidates) != 1:
+        return REPLICATED
+    return Source(PartitionSpec(*candidates.pop()), like_leaf)
 
 
 def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import jax
 
 from .._core.errors import ShardingAnnotationError
+from . import walk as _tree
 from .like import like_layout, Source
 
 
@@ -173,3 +174,27 @@ def _at(value: Any, prefix: tuple) -> Any:
     for key in prefix:  # `SequenceKey`s of tuple hints
         value = value[key.idx]
     return value
+
+
+def annotations(
+    signature: Any, pos: list, values: Any, value: Any, hint: Any, plan: Any
+) -> tuple:
+    """The annotations of one argument's (or the result's) leaves, with those
+    under a `jts.Like[name]` of `hint` replaced by the spec `like=`'s rule gives
+    them from the argument `name` (`pos`: `(name, value, static)` of the
+    positional arguments; `values`: their values as placed, if not those;
+    `plan`: the walk plan of `value` under `hint`)."""
+    if not like_parts(hint):
+        return plan.annotations
+    leaves, _ = _tree.plan_for(value, hint)
+    wanted = targets(signature.hints)
+    if values is None:
+        values = [v for _, v, _ in pos]
+    likes = {n: _tree.plan_for(v) for (n, _, _), v in zip(pos, values) if n in wanted}
+    where = f"jaxtyping_shard.jit({signature.name})"
+    found = sources(value, plan.paths, leaves, hint, likes, where)
+    out = list(plan.annotations)
+    for i, source in found.items():
+        if source.spec is not None:  # else the boundary check names it
+            out[i] = source.spec
+    return tuple(out)

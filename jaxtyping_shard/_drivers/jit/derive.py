@@ -31,7 +31,7 @@ from ..._core.modes import mode_reader
 from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
-from ..._trees import hints as _hints, walk as _tree
+from ..._trees import hints as _hints, like_hint as _like_hint, walk as _tree
 from ..._trees.signature import read, Signature
 from . import arguments as _arguments
 from .entry import (
@@ -269,7 +269,7 @@ class AnnotatedJit:
             # `lower`, `trace`, `eval_shape`: abstract values, nothing moved.
             values = self._place(pos, flat, in_leaves, abstract=tree)
             if self._derive_out:
-                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh, pos)
             flattens = key is not None and self._flattens(kw)
             # A signature whose committed arguments had to be moved (it is keyed
             # on their shardings) is never left to JAX: it would move them
@@ -350,10 +350,11 @@ class AnnotatedJit:
             if f is None:
                 in_leaves.append(None)
                 continue
-            leaves, plan = _tree.plan_for(value, self._hint(name))
+            leaves, plan = _tree.plan_for(value, hint := self._hint(name))
+            anns = _like_hint.annotations(self._read, pos, None, value, hint, plan)
             out = [
                 _arguments.leaf_sharding(leaf, ann, mesh, self._name, name, path)
-                for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+                for leaf, ann, path in zip(leaves, anns, plan.paths)
             ]
             indivisible += _arguments.indivisible(name, leaves, out, plan.paths)
             in_leaves.append(out)
@@ -361,8 +362,8 @@ class AnnotatedJit:
         _arguments.raise_indivisible(self._name, "arguments", indivisible, mesh)
         return in_leaves, tuple(trees)
 
-    def _out_shardings(self, values: tuple, kw: dict, mesh: Any) -> Any:
-        hint = self._hint_return()
+    def _out_shardings(self, values: tuple, kw: dict, mesh: Any, pos: list) -> Any:
+        hint = self._read.hint("return")
         if hint is None:
             return None
         if (
@@ -381,16 +382,14 @@ class AnnotatedJit:
         # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint)
+        anns = _like_hint.annotations(self._read, pos, values, out, hint, plan)
         shardings = [
             _arguments.leaf_sharding(leaf, ann, mesh, self._name, "return", path)
-            for leaf, ann, path in zip(leaves, plan.annotations, plan.paths)
+            for leaf, ann, path in zip(leaves, anns, plan.paths)
         ]
         indivisible = _arguments.indivisible("return", leaves, shardings, plan.paths)
         _arguments.raise_indivisible(self._name, "results", indivisible, mesh)
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
-
-    def _hint_return(self) -> Any:
-        return self._read.hint("return")
 
     def _place(
         self, pos: list, flat: list, in_leaves: Any, abstract: bool = False
