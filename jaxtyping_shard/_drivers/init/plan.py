@@ -31,8 +31,8 @@ def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
 def like_of(request: Any, abstract: Any) -> Optional[tuple]:
     """The leaves and walk plan of the tree `request`'s result follows (`like=`),
     or `None`. Given as `like=`, or else (no `annotations` or `rules`) the first
-    positional argument holding an array, of more than one leaf, whose structure
-    the result holds (`params` of `opt.init(params)`)."""
+    positional argument that is a tree (not one leaf) holding an array, whose
+    structure the result holds (`params` of `opt.init(params)`)."""
     if request.like is False:
         return None
     if request.like is not None:
@@ -41,8 +41,8 @@ def like_of(request: Any, abstract: Any) -> Optional[tuple]:
         return None
     for arg in request.args:
         leaves, treedef = jax.tree_util.tree_flatten(arg)
-        if len(leaves) < 2 or not any(is_array(x) for x in leaves):
-            continue
+        if treedef.num_nodes < 2 or not any(is_array(x) for x in leaves):
+            continue  # a key, a size: not a tree of parameters
         if _like.params_shaped(abstract, treedef) is not None:
             return _tree.plan_for(arg)
     return None

@@ -310,8 +310,8 @@ def sharded_init(
     - `like`: a tree (the parameters) the result follows by the `like=` rule
         of [`jaxtyping_shard.check_tree`][] (an optimiser state's moments as
         the parameters, other leaves replicated). Omitted, with no `annotations`
-        or `rules`: the first positional argument of two or more leaves, one an
-        array, whose structure the result holds (`params` of
+        or `rules`: the first positional argument that is a tree (not one
+        leaf) holding an array, whose structure the result holds (`params` of
         `sharded_init(opt.init, params)`). `like=False`: never.
 
     **Returns:**
