@@ -15,6 +15,7 @@ from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
+from jaxtyping_shard._drivers.init import sharded_init as _init
 
 from .helpers import MESHES
 
@@ -196,8 +197,6 @@ def test_no_device_holds_a_whole_moment():
     # As tests/test_sharded_init_memory.py measures: the compiler's figures for
     # the compiled init, per device. A moment of a 1024x1024 float32 weight is
     # 4 MiB; its shard on 8 devices 512 KiB.
-    from jaxtyping_shard._drivers.init import sharded_init as _init  # noqa: PLC0415
-
     mesh = MESHES["explicit"]()
     params = {
         "w": jax.device_put(jnp.ones((N, N)), NamedSharding(mesh, P("data", "model")))
