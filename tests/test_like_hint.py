@@ -205,3 +205,23 @@ def test_beartype_and_jaxtyped_check_nothing_there():
     assert f({}, (1, "anything")) == (1, "anything")
     with pytest.raises(TypeError):
         jts.Like()
+
+
+def test_unannotated_params_on_auto_leave_like_unchecked_but_derive_it():
+    # Inside the trace the layout of an unannotated parameter over Auto axes is
+    # not known: its moments declare nothing at the boundary (no error), while
+    # the derived shardings read it off the concrete argument.
+    mesh = MESHES["auto"]()
+    params = {
+        "w": jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", "model")))
+    }
+    opt = optax.adam(1e-3)
+
+    def step(params: dict, opt_state: jts.Like["params"]) -> jts.Like["params"]:  # noqa: F821
+        return opt.update(jax.tree.map(jnp.ones_like, params), opt_state, params)[1]
+
+    with jax.set_mesh(mesh):
+        state = jts.sharded_init(opt.init, params)
+        jts.jit(step)(params, jax.device_put(state, NamedSharding(mesh, P())))
+        new = jts.jit(step, **DERIVED)(params, state)
+    assert new[0].mu["w"].sharding.spec == P("data", "model")

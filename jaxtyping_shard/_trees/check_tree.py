@@ -224,7 +224,9 @@ def like_checkers(sources: list) -> tuple:
     """The checkers of `like_layout`'s sources (one per leaf)."""
     out: list[Any] = []
     for source in sources:
-        if source.spec is None:
+        if source.spec is None and not source.missing:
+            out.append(None)  # not known in this trace: unchecked
+        elif source.spec is None:
             out.append(_leaves.Missing(source.missing, layout=source.layout))
         elif source.leaf is None:
             out.append(spec_check(source.spec))

@@ -39,6 +39,11 @@ class Source(NamedTuple):
 
 
 REPLICATED = Source(PartitionSpec())
+UNKNOWN = Source(None)  # no `missing`: not known in this trace, left unchecked
+
+
+class _UnknownLayout(ShardingAnnotationError):
+    """An unannotated `like` leaf traced over Auto axes: no layout to follow."""
 
 
 def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
@@ -71,6 +76,7 @@ def like_layout(
     tree: Any = None,
     leaves: Optional[list] = None,
     what: str = "check_tree(like=...)",
+    lenient: bool = False,
 ) -> list[Source]:
     """Per leaf (`paths`, `leaves`) of `tree`: its `Source` by `like`'s rule
     (`like`: its leaves and walk plan, `walk.plan_for(like)`).
@@ -78,7 +84,9 @@ def like_layout(
     A tree with `like`'s key paths: each leaf as `like`'s leaf at the same path.
     Otherwise (an optimiser state holding `like`'s structure): each leaf of a
     params-shaped subtree as its parameter, unless its shape differs (adafactor's
-    factored statistics); every other leaf replicated."""
+    factored statistics); every other leaf replicated. `lenient`: a leaf whose
+    `like` leaf is unannotated and traced over Auto axes is `UNKNOWN` (left
+    unchecked, as a hint that declares nothing) rather than an error."""
     like_leaves, like_plan = like
     leads = stacked_prefixes(like_plan.paths, stacked)
     entries = list(
@@ -92,45 +100,67 @@ def like_layout(
         # laid out as the parameters, every other leaf replicated).
         state = params_shaped(tree, like_plan.treedef)
     out: list[Source] = []
-    for i, (path, key) in enumerate(zip(paths, ids)):
-        if state is not None:
-            index = state.get(key)
-            found = None if index is None else entries[index]
-            if found is None:
-                out.append(REPLICATED)  # a count, a hyperparameter
-                continue
-            if not _same_shape(leaves, i, found[0]):
-                if found[3]:  # stacked
-                    out.append(REPLICATED)
-                    continue
-                # A statistic of another shape in a params-shaped subtree:
-                # adafactor's factored moments, its parameter reduced over one
-                # dim, as a reduction lays it out; else (placeholders) replicated.
-                out.append(_reduced(leaves[i], found, what))  # type: ignore[index]
-                continue
-        else:
-            found = by_path.get(key)
-        if found is None:
-            out.append(
-                Source(
-                    None,
-                    missing=f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
-                    f"structure differs: {like_plan.treedef})",
-                )
+    for i, path in enumerate(paths):
+        try:
+            found = _source(
+                i,
+                path,
+                ids[i],
+                entries,
+                by_path,
+                state,
+                leaves,
+                what,
+                like_plan.treedef,
             )
-            continue
-        leaf, annotation, like_path, lead = found
-        if lead and has_sharding(annotation):
-            wrong = rank_mismatch(leaf, annotation, lead)
-            if wrong:
-                out.append(Source(None, missing=f"`like` leaf of {wrong}", layout=True))
-                continue
-            where = "like" + jax.tree_util.keystr(like_path)
-            spec = stacked_spec(leaf, annotation, lead, where)
-        else:
-            spec = _like_spec(leaf, annotation, like_path, what)
-        out.append(Source(spec, leaf))
+            out.append(found)
+        except _UnknownLayout:
+            if not lenient:
+                raise
+            out.append(UNKNOWN)
     return out
+
+
+def _source(
+    i: int,
+    path: tuple,
+    key: tuple,
+    entries: list,
+    by_path: dict,
+    state: Optional[dict],
+    leaves: Optional[list],
+    what: str,
+    treedef: Any,
+) -> Source:
+    """One leaf's `Source` (see `like_layout`)."""
+    if state is not None:
+        index = state.get(key)
+        found = None if index is None else entries[index]
+        if found is None:
+            return REPLICATED  # a count, a hyperparameter
+        if not _same_shape(leaves, i, found[0]):
+            if found[3]:  # stacked
+                return REPLICATED
+            # A statistic of another shape in a params-shaped subtree:
+            # adafactor's factored moments, its parameter reduced over one dim,
+            # as a reduction lays it out; else (placeholders) replicated.
+            return _reduced(leaves[i], found, what)  # type: ignore[index]
+    else:
+        found = by_path.get(key)
+    if found is None:
+        return Source(
+            None,
+            missing=f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
+            f"structure differs: {treedef})",
+        )
+    leaf, annotation, like_path, lead = found
+    if lead and has_sharding(annotation):
+        wrong = rank_mismatch(leaf, annotation, lead)
+        if wrong:
+            return Source(None, missing=f"`like` leaf of {wrong}", layout=True)
+        where = "like" + jax.tree_util.keystr(like_path)
+        return Source(stacked_spec(leaf, annotation, lead, where), leaf)
+    return Source(_like_spec(leaf, annotation, like_path, what), leaf)
 
 
 def _reduced(leaf: Any, found: tuple, what: str) -> Source:
@@ -191,7 +221,7 @@ def _like_spec(leaf: Any, annotation: Any, path: tuple, what: str) -> PartitionS
             if t != AxisType.Explicit and s > 1
         ]
         if unknown:
-            raise ShardingAnnotationError(
+            raise _UnknownLayout(
                 f"{what}: {where} has no annotation, and inside this "
                 f"trace its sharding over the non-Explicit mesh axes {unknown} is "
                 "not known until XLA compiles. Annotate it (field annotations, "

@@ -165,6 +165,7 @@ def sources(
             subtree,
             [leaves[i] for i in index],
             what,
+            lenient=True,
         )
         out.update(zip(index, found))
     return out
