@@ -5,7 +5,9 @@ An optimiser state (optax's `ScaleByAdamState(count, mu, nu)`, the tuples of
 structure of the parameters, the moments, beside leaves of its own (step
 counts, hyperparameters). `params_shaped` finds those subtrees, as
 `optax.tree_map_params` does, by tree structure alone (optax is not imported),
-and maps each of their leaves to the parameters' leaf at the same position.
+and maps each of their leaves to the parameters' leaf at the same key path
+(comparing the structure of array leaves only: an Equinox module's callable
+fields are `None` in the `eqx.filter`ed parameters an optax state holds).
 
 `like_layout` is the one rule every `like=` follows (`check_tree`, `shardings`,
 `explain`, `sharded_init`, `abstract`, and `jts.Like` at a `jit` boundary): per
@@ -46,15 +48,25 @@ class _UnknownLayout(ShardingAnnotationError):
     """An unannotated `like` leaf traced over Auto axes: no layout to follow."""
 
 
-def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
-    """`{key ids of a leaf path of tree: index of like's leaf}` for every leaf of
-    a subtree of `tree` whose structure is `like_treedef`; `None` when there is
-    no such subtree, or when `like` is a single leaf (every array would match)."""
-    if like_treedef.num_nodes == 1:
+def array_structure(tree: Any) -> Any:
+    """The structure of `tree`'s array leaves, its other leaves as `None`: an
+    Equinox module and `eqx.filter(module, eqx.is_array)` (what optax states
+    hold) have the same one."""
+    return jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(lambda x: x if hasattr(x, "shape") else None, tree)
+    )
+
+
+def params_shaped(tree: Any, like_structure: Any) -> Optional[dict]:
+    """`{key ids of a leaf path of tree: key ids of like's leaf}` for every leaf
+    of a subtree of `tree` whose `array_structure` is `like_structure`; `None`
+    when there is no such subtree, or when `like` is a single leaf (every array
+    would match)."""
+    if like_structure.num_nodes == 1:
         return None
 
     def is_params(node: Any) -> bool:
-        return jax.tree_util.tree_structure(node) == like_treedef
+        return array_structure(node) == like_structure
 
     matched: dict = {}
     for prefix, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_params)[
@@ -62,10 +74,9 @@ def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
     ]:
         if not is_params(node):
             continue
-        for index, (path, _) in enumerate(
-            jax.tree_util.tree_flatten_with_path(node)[0]
-        ):
-            matched[tuple(map(_paths.key_id, prefix + path))] = index
+        for path, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
+            ids = tuple(map(_paths.key_id, path))
+            matched[tuple(map(_paths.key_id, prefix)) + ids] = ids
     return matched or None
 
 
@@ -98,7 +109,8 @@ def like_layout(
     if tree is not None and any(i not in by_path for i in ids):
         # Not the parameters' structure: an optimiser state holding it (moments
         # laid out as the parameters, every other leaf replicated).
-        state = params_shaped(tree, like_plan.treedef)
+        like_tree = jax.tree_util.tree_unflatten(like_plan.treedef, like_leaves)
+        state = params_shaped(tree, array_structure(like_tree))
     out: list[Source] = []
     for i, path in enumerate(paths):
         try:
@@ -134,8 +146,8 @@ def _source(
 ) -> Source:
     """One leaf's `Source` (see `like_layout`)."""
     if state is not None:
-        index = state.get(key)
-        found = None if index is None else entries[index]
+        like_key = state.get(key)
+        found = None if like_key is None else by_path.get(like_key)
         if found is None:
             return REPLICATED  # a count, a hyperparameter
         if not _same_shape(leaves, i, found[0]):

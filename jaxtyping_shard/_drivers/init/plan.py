@@ -43,7 +43,7 @@ def like_of(request: Any, abstract: Any) -> Optional[tuple]:
         leaves, treedef = jax.tree_util.tree_flatten(arg)
         if treedef.num_nodes < 2 or not any(is_array(x) for x in leaves):
             continue  # a key, a size: not a tree of parameters
-        if _like.params_shaped(abstract, treedef) is not None:
+        if _like.params_shaped(abstract, _like.array_structure(arg)) is not None:
             return _tree.plan_for(arg)
     return None
 
