@@ -44,7 +44,7 @@ class Like:
         params = {"w": jax.device_put(jnp.ones((8, 4)),
                                       NamedSharding(mesh, P("data", "model")))}
         opt = optax.adam(1e-3)
-        opt_state = jts.sharded_init(opt.init, params)
+        opt_state = jts.sharded_init(opt.init, params, mesh=mesh)
 
         @jts.jit
         def step(params: dict, opt_state: jts.Like["params"]
@@ -53,7 +53,9 @@ class Like:
             updates, opt_state = opt.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        params, opt_state = step(params, opt_state)
+        with jax.set_mesh(mesh):
+            params, opt_state = step(params, opt_state)
+        assert opt_state[0].mu["w"].sharding.spec == P("data", "model")
         ```
 
     The name of another parameter of the same function. Each subtree of the
