@@ -197,6 +197,11 @@ def test_unknown_or_own_name_fails_at_the_first_call():
             result(params, state)
 
 
+def test_a_leading_space_is_the_same_name():
+    # The lint-clean spelling (no F821), as jaxtyping's `" batch"`.
+    assert jts.Like[" params"] == jts.Like["params"]
+
+
 def test_beartype_and_jaxtyped_check_nothing_there():
     @jaxtyped(typechecker=beartype)
     def f(params: dict, opt_state: jts.Like["params"]) -> jts.Like["params"]:  # noqa: F821

@@ -73,11 +73,15 @@ class Like:
     **Raises:**
 
     [`jaxtyping_shard.ShardingAnnotationError`][] when written with anything but
-    a parameter name (`Like[3]`, `Like[""]`); at the first call (or when `jit`
+    a parameter name (`Like[3]`, `Like[""]`; surrounding spaces are dropped, so
+    `Like[" params"]` keeps linters from reading a forward reference, as
+    jaxtyping's `" batch"` does); at the first call (or when `jit`
     reads the signature) when the name is not another parameter of the function.
     """
 
     def __class_getitem__(cls, name: Any) -> Any:
+        if isinstance(name, str):
+            name = name.strip()  # `Like[" params"]`: lint-clean, as jaxtyping's dims
         if not isinstance(name, str) or not name.isidentifier():
             raise ShardingAnnotationError(
                 f"jts.Like[{name!r}]: give the name of another parameter of the "

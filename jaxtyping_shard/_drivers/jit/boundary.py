@@ -112,9 +112,10 @@ def _failures(
     if likes:
         found = _like_hint.sources(value, plan.paths, leaves, hint, likes, likes[None])
         if found:
-            checkers = list(checkers)
+            changed = list(checkers)
             for i, source in found.items():
-                checkers[i] = _check_tree.like_checkers([source])[0]
+                changed[i] = _check_tree.like_checkers([source])[0]
+            checkers = tuple(changed)
     structure += [
         (_paths.path_name(name, path), reason)
         for path, reason in _tree.problems(leaves, plan)
