@@ -151,12 +151,15 @@ def test_unannotated_params_on_explicit_follow_their_arrays():
             step(params, jax.device_put(state, NamedSharding(mesh, P())))
 
 
-def test_filter_jit_checks_like():
-    mesh, params, opt, state = _setup("adam", "explicit")
+@pytest.mark.parametrize("derived", [False, True], ids=["checked", "derived"])
+@pytest.mark.parametrize("mesh_kind", KINDS)
+def test_filter_jit_checks_like(mesh_kind, derived):
+    mesh, params, opt, state = _setup("adam", mesh_kind)
 
-    @jts.filter_jit
     def step(params: Dense, opt_state: jts.Like["params"], lr: float):  # noqa: F821
         return jax.tree.map(lambda x: x * lr, opt_state)
+
+    step = jts.filter_jit(step, **DERIVED) if derived else jts.filter_jit(step)
 
     with jax.set_mesh(mesh):
         step(params, state, 0.5)
@@ -230,3 +233,30 @@ def test_unannotated_params_on_auto_leave_like_unchecked_but_derive_it():
         jts.jit(step)(params, jax.device_put(state, NamedSharding(mesh, P())))
         new = jts.jit(step, **DERIVED)(params, state)
     assert new[0].mu["w"].sharding.spec == P("data", "model")
+
+
+@pytest.mark.parametrize("mesh_kind", KINDS)
+def test_each_wrong_leaf_is_named_and_only_those(mesh_kind):
+    # mu.w on the wrong axes, a count sharded: two failures, by path, with the
+    # expected layout; nu and the rest pass.
+    mesh, params, opt, state = _setup("adam", mesh_kind)
+    adam, rest = state
+    swapped = jax.device_put(adam.mu.w, NamedSharding(mesh, P("model", "data")))
+    count = jax.device_put(jnp.zeros((8,), jnp.int32), NamedSharding(mesh, P("data")))
+    bad = (
+        adam._replace(count=count, mu=eqx.tree_at(lambda m: m.w, adam.mu, swapped)),
+        rest,
+    )
+
+    @jts.jit
+    def step(params: Dense, opt_state: jts.Like["params"]):  # noqa: F821
+        return opt_state
+
+    with jax.set_mesh(mesh):
+        step(params, state)  # warm
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            step(params, bad)
+    text = str(info.value)
+    assert "opt_state[0].mu.w" in text and "opt_state[0].count" in text, text
+    assert "opt_state[0].nu" not in text and "mu.b" not in text, text
+    assert "P('data', 'model')" in text or "8@data,4@model" in text, text

@@ -160,12 +160,14 @@ def test_adafactor_module_params_no_longer_take_field_annotations():
     assert fs.v.w.sharding.spec == P()  # a (1,) placeholder: replicated
 
 
-def test_explain_like_params():
-    mesh = MESHES["explicit"]()
-    params = _module_params(mesh)
+@pytest.mark.parametrize("params_kind", sorted(PARAMS))
+@pytest.mark.parametrize("mesh_kind", KINDS)
+def test_explain_like_params(mesh_kind, params_kind):
+    mesh = MESHES[mesh_kind]()
+    params = PARAMS[params_kind](mesh)
     state = jax.eval_shape(optax.adam(1e-3).init, params)
     table = jts.explain(state, like=params)
-    rows = {r.path: r for r in table.rows}
+    rows = {r.path.replace("['", ".").replace("']", ""): r for r in table.rows}
     assert rows["[0].mu.w"].spec == P("data", "model")
     assert rows["[0].mu.w"].shard_shape == (2, 2)
     assert rows["[0].nu.b"].spec == P("model")
