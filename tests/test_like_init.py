@@ -214,3 +214,17 @@ def test_no_device_holds_a_whole_moment():
         for leaf in jax.tree.leaves(state):
             for shard in leaf.addressable_shards:
                 assert shard.data.size * 4 < whole // 2
+
+
+@pytest.mark.parametrize("mesh_kind", KINDS)
+def test_the_mesh_is_the_params_own_without_a_context_mesh(mesh_kind):
+    mesh = MESHES[mesh_kind]()
+    params = _dict_params(mesh)
+    opt = optax.adam(1e-3)
+    state = jts.sharded_init(opt.init, params)  # no `mesh=`, no `jax.set_mesh`
+    target = jts.abstract(opt.init, params)
+    _same(mesh, state, expected_specs(opt, params))
+    _same(mesh, target, expected_specs(opt, params))
+    assert state[0].mu["w"].sharding.mesh == mesh
+    with pytest.raises(ValueError, match="needs a mesh"):
+        jts.sharded_init(lambda k: {"w": jax.random.normal(k, (8,))}, jax.random.key(0))

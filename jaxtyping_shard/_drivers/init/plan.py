@@ -28,6 +28,23 @@ def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
     return [a for entry in _spec.entries_of(spec) for a in entry if a not in names]
 
 
+def mesh_of(request: Any) -> Any:
+    """`mesh=`; else `None` under a context mesh (it applies); else the mesh of
+    the first array placed with a `NamedSharding` in `like=`, or in the
+    positional arguments that are trees when `like` is not given (the
+    parameters)."""
+    if request.mesh is not None or request.like is False:
+        return request.mesh
+    if _mesh.context_mesh() is not None or _mesh.set_concrete_mesh() is not None:
+        return None
+    if request.annotations is not None or request.rules is not None:
+        return None
+    if request.like is not None:
+        return _like.like_mesh(request.like)
+    trees = [a for a in request.args if jax.tree_util.tree_structure(a).num_nodes > 1]
+    return _like.like_mesh(trees)
+
+
 def like_of(request: Any, abstract: Any) -> Optional[tuple]:
     """The leaves and walk plan of the tree `request`'s result follows (`like=`),
     or `None`. Given as `like=`, or else (no `annotations` or `rules`) the first

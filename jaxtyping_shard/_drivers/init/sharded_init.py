@@ -87,9 +87,9 @@ def plan(request: Request) -> Plan:
     """Traces `fn` with no data and lays out every leaf (errors before compiling).
     An `AbstractMesh` (no devices) is for `abstract`, and inside a trace."""
     if request.what == "abstract" or not compat.top_level():
-        mesh = _any_mesh(request.mesh, request.what)
+        mesh = _any_mesh(_init_plan.mesh_of(request), request.what)
     else:
-        mesh = _concrete_mesh(request.mesh, request.what)
+        mesh = _concrete_mesh(_init_plan.mesh_of(request), request.what)
     traced = Traced(request.fn, request.args, dict(request.kwargs))
     tree = abstract_shapes(traced, mesh)
     like = _init_plan.like_of(request, tree)
@@ -294,7 +294,8 @@ def sharded_init(
         arguments (PRNG keys included) are traced; the others are static.
     - `*args`, `**kwargs`: passed to `fn`. Pass an argument named like an option
         below through `functools.partial`.
-    - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`).
+    - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`),
+        else that of the `like` tree's arrays (`opt.init(params)`: `params`').
         Inside a trace (`jit`, `jax.eval_shape`), an `AbstractMesh` will do: there
         `fn`'s result is laid out as planned as part of the traced computation
         (an input pipeline traced abstractly, for [`jaxtyping_shard.preflight`][]).
