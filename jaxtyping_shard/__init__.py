@@ -55,6 +55,7 @@ from ._rules.scope import (
 from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
+from ._trees.like_hint import Like as Like
 from ._trees.stacked import Stacked as Stacked
 
 
@@ -151,7 +152,7 @@ __all__ = [
     "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
-    "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
+    "Like", "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Stacked",
     "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",

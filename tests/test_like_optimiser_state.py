@@ -2,7 +2,8 @@
 
 Every subtree of the state with the parameters' structure (the moments) is
 checked leaf by leaf as the parameters are laid out; every other leaf (counts,
-hyperparameters, adafactor's factored statistics) must be replicated.
+hyperparameters, adafactor's placeholders) must be replicated; adafactor's
+factored statistics are laid out as their parameter without the reduced dim.
 """
 
 import equinox as eqx
@@ -52,12 +53,19 @@ def _layout(opt, state, params, mesh):
     which leaves of a state hold a parameter (`optax.tree_map_params`, the
     independent oracle): a moment of its parameter's shape is laid out as that
     parameter; every other leaf (counts, hyperparameters, adafactor's factored
-    statistics and their placeholders) replicated."""
+    placeholders) replicated; a factored statistic (the parameter's shape
+    without one dim) as the parameter's spec without that dim's entry."""
     replicated = NamedSharding(mesh, P())
     moments = []
 
     def moment(x, p):
         if x.shape != p.shape:
+            spec = tuple(p.sharding.spec) + (None,) * (p.ndim - len(p.sharding.spec))
+            for k in range(p.ndim):
+                if p.shape[:k] + p.shape[k + 1 :] == x.shape:
+                    reduced = P(*(spec[:k] + spec[k + 1 :]))
+                    moments.append(jax.device_put(x, NamedSharding(mesh, reduced)))
+                    return moments[-1]
             return jax.device_put(x, replicated)
         moments.append(jax.device_put(x, p.sharding))
         return moments[-1]

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
-from .._trees import walk as _tree
+from .._trees import like as _like, walk as _tree
 
 
 def shardings(
@@ -18,6 +18,7 @@ def shardings(
     annotations: Any = None,
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
 ) -> Any:
     """The `NamedSharding` of every annotated leaf of a tree, read off annotations.
 
@@ -67,6 +68,14 @@ def shardings(
         dims, replicated (or sharded as given), before their annotation's
         (layers stacked with `eqx.filter_vmap`). A field annotated
         `jts.Stacked[Block]` declares it without this.
+    - `like`: another tree (the parameters): the shardings follow it by
+        [`jaxtyping_shard.check_tree`][]'s `like=` rule. A tree with `like`'s
+        structure: each leaf as `like`'s leaf at its path. An optimiser state
+        (`opt.init(params)`): each subtree with the parameters' structure (the
+        moments) as the parameters, its leaves of another shape (adafactor's
+        factored statistics) and every other leaf (counts) replicated. `like`'s
+        annotations count, or where it has none its arrays' shardings. Omitted
+        `mesh`: `like`'s. Not together with `annotations` or `rules`.
 
     **Returns:**
 
@@ -81,6 +90,10 @@ def shardings(
     or rule, an annotation naming a mesh axis the mesh lacks (the message names
     the leaf), or field annotations that cannot be resolved.
     """
+    if like is not None:
+        if annotations is not None or rules is not None:
+            raise ValueError("shardings: give `like` or annotations/rules, not both.")
+        return _like_shardings(tree, mesh, like, stacked)
     leaves, plan = _tree.plan_for(tree, annotations, rules, stacked)
     _tree.refuse_problems(leaves, plan, "shardings")
     if mesh is None and any(
@@ -90,6 +103,21 @@ def shardings(
     out = [
         sharding_for_leaf(leaf, annotation, mesh, path)
         for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths)
+    ]
+    return jax.tree_util.tree_unflatten(plan.treedef, out)
+
+
+def _like_shardings(tree: Any, mesh: Any, like: Any, stacked: Any) -> Any:
+    leaves, plan = _tree.plan_for(tree)
+    what = "shardings(like=...)"
+    # `stacked=` applies to `like`'s leaves, as for `check_tree(like=...)`.
+    like_plan = _tree.plan_for(like, None, None, stacked)
+    specs = _like.like_specs(tree, leaves, plan, like_plan, what)
+    if mesh is None:
+        mesh = _like.like_mesh(like) or _bridge.resolve_mesh(None, "shardings")
+    out = [
+        None if getattr(leaf, "shape", None) is None else NamedSharding(mesh, spec)
+        for leaf, spec in zip(leaves, specs)
     ]
     return jax.tree_util.tree_unflatten(plan.treedef, out)
 

@@ -25,7 +25,7 @@ from .._layout.spec import (
     sharded_members,
 )
 from .._rules import scope as _rules
-from .._trees import paths as _paths, walk as _tree
+from .._trees import like as _like, paths as _paths, walk as _tree
 from .._trees.stacked import stacked_prefixes
 from .text import format_bytes
 
@@ -271,6 +271,7 @@ def explain(
     rules: Optional[Mapping[str, Any]] = None,
     sizes: Optional[Mapping[str, int]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
+    like: Any = None,
 ) -> Explanation:
     """A table of what annotations mean on a mesh, under the axis rules in force.
 
@@ -319,6 +320,10 @@ def explain(
         ("pipe",)}` shards them. Their dims show as `[stack]`. A leaf with more
         dims than its annotation and no declared stack is an error, never
         guessed.
+    - `like`: another tree (the parameters): each leaf of the tree is laid out
+        by [`jaxtyping_shard.check_tree`][]'s `like=` rule (an optimiser state's
+        moments as the parameters, its other leaves replicated), shown as the
+        spec it gets. Not together with `annotations`, `rules` or `stacked`.
 
     **Returns:**
 
@@ -337,7 +342,20 @@ def explain(
     if mesh is None:
         mesh = _mesh.context_mesh()
     rows = []
-    if has_sharding(annotation_or_tree) and annotations is None:
+    if like is not None:
+        if annotations is not None or rules is not None or stacked:
+            raise ValueError(
+                "explain: give `like` or annotations/rules/stacked, not both."
+            )
+        values, plan = _tree.plan_for(annotation_or_tree)
+        like_plan, what = _tree.plan_for(like), "explain(like=...)"
+        specs = _like.like_specs(annotation_or_tree, values, plan, like_plan, what)
+        if mesh is None:
+            mesh = _like.like_mesh(like)
+        for value, key_path, spec in zip(values, plan.paths, specs):
+            path = jax.tree_util.keystr(key_path) or "-"
+            rows.append(_row(path, spec, value, mesh, sizes, f"tree{path}"))
+    elif has_sharding(annotation_or_tree) and annotations is None:
         if stacked:
             raise ShardingAnnotationError(
                 "explain: stacked= declares the stacked dims of a tree's leaves by "

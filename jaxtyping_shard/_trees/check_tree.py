@@ -5,16 +5,15 @@ from typing import Any, Literal, Optional, overload, TypeVar
 
 import jax
 from jax.core import Tracer
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
-from .._core import mesh as _mesh
-from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given, spec as _spec
 from .._layout.spec import has_sharding, Lead
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
 from . import leaves as _leaves, paths as _paths, walk as _tree
-from .like import params_shaped
+from .like import like_layout
+from .stacked import rank_mismatch
 
 
 T = TypeVar("T")
@@ -189,16 +188,6 @@ def checkers_of(plan: Any, sharded_only: bool = False) -> tuple:
     return checkers
 
 
-def _stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
-    shape = tuple(getattr(leaf, "shape", ()))
-    rest = shape[len(lead) :]
-    if not has_sharding(annotation):
-        return PartitionSpec(*lead, *([None] * len(rest)))
-    spec = _resolved_spec(leaf, annotation, len(lead), where)
-    entries = tuple(spec) + (None,) * (len(rest) - len(spec))
-    return PartitionSpec(*lead, *entries)
-
-
 def _like_checkers(
     paths: tuple,
     like: Any,
@@ -206,54 +195,25 @@ def _like_checkers(
     tree: Any = None,
     leaves: Optional[list] = None,
 ) -> tuple:
-    like_leaves, like_plan = _tree.plan_for(like, stacked=stacked)
-    entries = list(zip(like_leaves, like_plan.annotations, like_plan.paths))
-    by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
-    ids = [tuple(map(_paths.key_id, path)) for path in paths]
-    state = None
-    if tree is not None and any(i not in by_path for i in ids):
-        # Not the parameters' structure: an optimiser state holding it (moments
-        # laid out as the parameters, every other leaf replicated).
-        state = params_shaped(tree, like_plan.treedef)
+    # `stacked=` applies to `like`'s leaves, whose annotations describe one layer.
+    return like_checkers(
+        like_layout(paths, _tree.plan_for(like, stacked=stacked), tree, leaves)
+    )
+
+
+def like_checkers(sources: list) -> tuple:
+    """The checkers of `like_layout`'s sources (one per leaf)."""
     out: list[Any] = []
-    for i, (path, key) in enumerate(zip(paths, ids)):
-        if state is not None:
-            index = state.get(key)
-            found = None if index is None else entries[index]
-            if found is None or not _same_shape(leaves, i, found[0]):
-                # A count, a hyperparameter; or a statistic of another shape in
-                # a params-shaped subtree (adafactor's factored moments, a row
-                # and a column per weight): replicated.
-                out.append(spec_check(PartitionSpec()))
-                continue
+    for source in sources:
+        if source.spec is None and not source.missing:
+            out.append(None)  # not known in this trace: unchecked
+        elif source.spec is None:
+            out.append(_leaves.Missing(source.missing, layout=source.layout))
+        elif source.leaf is None:
+            out.append(spec_check(source.spec))
         else:
-            found = by_path.get(key)
-        if found is None:
-            out.append(
-                _leaves.Missing(
-                    f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
-                    f"structure differs: {like_plan.treedef})"
-                )
-            )
-            continue
-        leaf, annotation, like_path = found
-        if isinstance(annotation, Lead):
-            lead, annotation = annotation.lead, annotation.inner
-            wrong = rank_mismatch(leaf, annotation, lead)
-            if wrong:
-                out.append(_leaves.Missing(f"`like` leaf of {wrong}", layout=True))
-                continue
-            where = "like" + jax.tree_util.keystr(like_path)
-            spec = _stacked_spec(leaf, annotation, lead, where)
-        else:
-            spec = _like_spec(leaf, annotation, like_path)
-        out.append(_like_check(leaf, spec))
+            out.append(_like_check(source.leaf, source.spec))
     return tuple(out)
-
-
-def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:
-    shape = getattr(like_leaf, "shape", None)
-    return leaves is None or getattr(leaves[i], "shape", None) == shape
 
 
 def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
@@ -271,72 +231,6 @@ def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
         if not _spec.axes_of(_spec.entries_of(spec)):
             return sharding_check(sharding, spec)  # on one device: that one
     return spec_check(spec)
-
-
-def _resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
-    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
-    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
-    its shape, or inside shard_map its rank, and its mesh)."""
-    shape, mesh = of_value(leaf)
-    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
-    return _bridge.spec_for(annotation, dims, mesh, where)
-
-
-def _like_spec(leaf: Any, annotation: Any, path: tuple) -> PartitionSpec:
-    where = "like" + jax.tree_util.keystr(path)
-    if has_sharding(annotation):
-        return _resolved_spec(leaf, annotation, 0, where)
-    if isinstance(leaf, Tracer):
-        aval = jax.typeof(leaf)
-        mesh = _mesh.of_aval(aval)
-        if mesh is None:
-            return PartitionSpec()
-        unknown = [
-            n
-            for n, t, s in zip(mesh.axis_names, mesh.axis_types, mesh.axis_sizes)
-            if t != AxisType.Explicit and s > 1
-        ]
-        if unknown:
-            raise ShardingAnnotationError(
-                f"check_tree(like=...): {where} has no annotation, and inside this "
-                f"trace its sharding over the non-Explicit mesh axes {unknown} is "
-                "not known until XLA compiles. Annotate it (field annotations, "
-                "`annotations=` or `rules=` on a check of `like` itself), or check "
-                "against concrete arrays."
-            )
-        return aval.sharding.spec
-    sharding = getattr(leaf, "sharding", None)
-    if isinstance(sharding, NamedSharding):
-        return sharding.spec
-    if sharding is None or len(sharding.device_set) == 1:
-        return PartitionSpec()
-    raise ShardingAnnotationError(
-        f"check_tree(like=...): {where} is sharded as {sharding}, which names no "
-        "mesh axes to compare with. Place it with a NamedSharding."
-    )
-
-
-def rank_mismatch(leaf: Any, annotation: Any, lead: tuple) -> str:
-    """Why a stacked leaf's rank cannot hold its declared leading dims and then
-    its annotation's ("" if it can): a mismatch of that leaf, reported with the
-    others (a layer not stacked, or stacked twice), not an annotation error."""
-    rank = len(getattr(leaf, "shape", ()))
-    if rank < len(lead):
-        return f"rank {rank}: fewer dims than its {len(lead)} declared stacked"
-    if not has_sharding(annotation):
-        return ""
-    fixed = _given.fixed_rank(annotation)
-    least = _given.layout_of(annotation).min_rank
-    rest = rank - len(lead)
-    if (fixed is None or rest == fixed) and rest >= least:
-        return ""
-    dims = f"{fixed}" if fixed is not None else f"at least {least}"
-    stacked = f"{len(lead)} declared stacked dim{'s' if len(lead) > 1 else ''}"
-    return (
-        f"rank {rank}: its {stacked} and the {dims} dims of "
-        f"{_given.describe(annotation)} make rank "
-        f"{len(lead) + fixed if fixed is not None else f'{len(lead) + least} or more'}"
-    )
 
 
 class LeadCheck:

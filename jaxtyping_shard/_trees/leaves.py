@@ -74,7 +74,7 @@ def leaf_failures(
                     reason = _reason(checker, leaf)
             elif isinstance(leaf, jax.ShapeDtypeStruct):
                 reason = _reason(checker, leaf, _abstract_reason)
-            elif isinstance(leaf, checker):
+            elif isinstance(leaf, checker):  # type: ignore[arg-type]
                 continue
             else:
                 reason = _reason(checker, leaf)

@@ -5,25 +5,68 @@ An optimiser state (optax's `ScaleByAdamState(count, mu, nu)`, the tuples of
 structure of the parameters, the moments, beside leaves of its own (step
 counts, hyperparameters). `params_shaped` finds those subtrees, as
 `optax.tree_map_params` does, by tree structure alone (optax is not imported),
-and maps each of their leaves to the parameters' leaf at the same position.
+and maps each of their leaves to the parameters' leaf at the same key path
+(comparing the structure of array leaves only: an Equinox module's callable
+fields are `None` in the `eqx.filter`ed parameters an optax state holds).
+
+`like_layout` is the one rule every `like=` follows (`check_tree`, `shardings`,
+`explain`, `sharded_init`, `abstract`, and `jts.Like` at a `jit` boundary): per
+leaf of a tree, the spec it must have, read off `like`'s leaf.
 """
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
+from jax.core import Tracer
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
+from .._layout import bridge as _bridge
+from .._layout.spec import has_sharding, Lead
+from .._verdict.inputs import of_value
 from . import paths as _paths
+from .stacked import rank_mismatch
 
 
-def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
-    """`{key ids of a leaf path of tree: index of like's leaf}` for every leaf of
-    a subtree of `tree` whose structure is `like_treedef`; `None` when there is
-    no such subtree, or when `like` is a single leaf (every array would match)."""
-    if like_treedef.num_nodes == 1:
+class Source(NamedTuple):
+    """What one leaf of a tree must be, by `like`'s rule: `spec`, read off
+    `leaf` (`like`'s leaf; `None` for a leaf that must be replicated), or, when
+    `spec` is `None`, the reason it cannot be laid out (`missing`)."""
+
+    spec: Optional[PartitionSpec]
+    leaf: Any = None
+    missing: str = ""
+    layout: bool = False  # `missing` is about the layout (a rank), not a path
+
+
+REPLICATED = Source(PartitionSpec())
+UNKNOWN = Source(None)  # no `missing`: not known in this trace, left unchecked
+
+
+class _UnknownLayout(ShardingAnnotationError):
+    """An unannotated `like` leaf traced over Auto axes: no layout to follow."""
+
+
+def array_structure(tree: Any) -> Any:
+    """The structure of `tree`'s array leaves, its other leaves as `None`: an
+    Equinox module and `eqx.filter(module, eqx.is_array)` (what optax states
+    hold) have the same one."""
+    return jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(lambda x: x if hasattr(x, "shape") else None, tree)
+    )
+
+
+def params_shaped(tree: Any, like_structure: Any) -> Optional[dict]:
+    """`{key ids of a leaf path of tree: key ids of like's leaf}` for every leaf
+    of a subtree of `tree` whose `array_structure` is `like_structure`; `None`
+    when there is no such subtree, or when `like` is a single leaf (every array
+    would match)."""
+    if like_structure.num_nodes == 1:
         return None
 
     def is_params(node: Any) -> bool:
-        return jax.tree_util.tree_structure(node) == like_treedef
+        return array_structure(node) == like_structure
 
     matched: dict = {}
     for prefix, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_params)[
@@ -31,8 +74,209 @@ def params_shaped(tree: Any, like_treedef: Any) -> Optional[dict]:
     ]:
         if not is_params(node):
             continue
-        for index, (path, _) in enumerate(
-            jax.tree_util.tree_flatten_with_path(node)[0]
-        ):
-            matched[tuple(map(_paths.key_id, prefix + path))] = index
+        for path, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
+            ids = tuple(map(_paths.key_id, path))
+            matched[tuple(map(_paths.key_id, prefix)) + ids] = ids
     return matched or None
+
+
+def like_layout(
+    paths: tuple,
+    like: tuple,
+    tree: Any = None,
+    leaves: Optional[list] = None,
+    what: str = "check_tree(like=...)",
+    lenient: bool = False,
+) -> list[Source]:
+    """Per leaf (`paths`, `leaves`) of `tree`: its `Source` by `like`'s rule
+    (`like`: its leaves and walk plan, `walk.plan_for(like)`; a stacked leaf's
+    annotation there is a `Lead`, as `stacked=` or `jts.Stacked` made it).
+
+    A tree with `like`'s key paths: each leaf as `like`'s leaf at the same path.
+    Otherwise (an optimiser state holding `like`'s structure): each leaf of a
+    params-shaped subtree as its parameter, unless its shape differs (adafactor's
+    factored statistics); every other leaf replicated. `lenient`: a leaf whose
+    `like` leaf is unannotated and traced over Auto axes is `UNKNOWN` (left
+    unchecked, as a hint that declares nothing) rather than an error."""
+    like_leaves, like_plan = like
+    entries = []
+    rows = zip(like_leaves, like_plan.annotations, like_plan.paths, strict=True)
+    for leaf, annotation, path in rows:
+        lead: tuple = ()
+        if isinstance(annotation, Lead):
+            lead, annotation = annotation.lead, annotation.inner
+        entries.append((leaf, annotation, path, lead))
+    by_path = {tuple(map(_paths.key_id, e[2])): e for e in entries}
+    ids = [tuple(map(_paths.key_id, path)) for path in paths]
+    state = None
+    if tree is not None and any(i not in by_path for i in ids):
+        # Not the parameters' structure: an optimiser state holding it (moments
+        # laid out as the parameters, every other leaf replicated).
+        like_tree = jax.tree_util.tree_unflatten(like_plan.treedef, like_leaves)
+        state = params_shaped(tree, array_structure(like_tree))
+    out: list[Source] = []
+    for i, path in enumerate(paths):
+        try:
+            found = _source(
+                i,
+                path,
+                ids[i],
+                entries,
+                by_path,
+                state,
+                leaves,
+                what,
+                like_plan.treedef,
+            )
+            out.append(found)
+        except _UnknownLayout:
+            if not lenient:
+                raise
+            out.append(UNKNOWN)
+    return out
+
+
+def _source(
+    i: int,
+    path: tuple,
+    key: tuple,
+    entries: list,
+    by_path: dict,
+    state: Optional[dict],
+    leaves: Optional[list],
+    what: str,
+    treedef: Any,
+) -> Source:
+    """One leaf's `Source` (see `like_layout`)."""
+    if state is not None:
+        like_key = state.get(key)
+        found = None if like_key is None else by_path.get(like_key)
+        if found is None:
+            return REPLICATED  # a count, a hyperparameter
+        if not _same_shape(leaves, i, found[0]):
+            if found[3]:  # stacked
+                return REPLICATED
+            # A statistic of another shape in a params-shaped subtree:
+            # adafactor's factored moments, its parameter reduced over one dim,
+            # as a reduction lays it out; else (placeholders) replicated.
+            return _reduced(leaves[i], found, what)  # type: ignore[index]
+    else:
+        found = by_path.get(key)
+    if found is None:
+        return Source(
+            None,
+            missing=f"`like` has no leaf at {jax.tree_util.keystr(path)} (its "
+            f"structure differs: {treedef})",
+        )
+    leaf, annotation, like_path, lead = found
+    if lead and has_sharding(annotation):
+        wrong = rank_mismatch(leaf, annotation, lead)
+        if wrong:
+            return Source(None, missing=f"`like` leaf of {wrong}", layout=True)
+        where = "like" + jax.tree_util.keystr(like_path)
+        return Source(stacked_spec(leaf, annotation, lead, where), leaf)
+    return Source(_like_spec(leaf, annotation, like_path, what), leaf)
+
+
+def _reduced(leaf: Any, found: tuple, what: str) -> Source:
+    """The layout of a leaf whose shape is its parameter's without one dim: the
+    parameter's spec without that dim's entry. Replicated when no dim, or several
+    dims with different entries (equal sizes: which one is not known), fit."""
+    like_leaf, annotation, like_path, _ = found
+    shape, target = tuple(like_leaf.shape), tuple(getattr(leaf, "shape", ()))
+    dims = [k for k in range(len(shape)) if shape[:k] + shape[k + 1 :] == target]
+    if not dims:
+        return REPLICATED
+    spec = _like_spec(like_leaf, annotation, like_path, what)
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    candidates = {entries[:k] + entries[k + 1 :] for k in dims}
+    if len(candidates) != 1:
+        return REPLICATED
+    return Source(PartitionSpec(*candidates.pop()), like_leaf)
+
+
+def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:
+    shape = getattr(like_leaf, "shape", None)
+    return leaves is None or getattr(leaves[i], "shape", None) == shape
+
+
+def stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
+    """The spec of a leaf with `lead` stacked dims: those entries, then its
+    annotation's for the remaining dims."""
+    shape = tuple(getattr(leaf, "shape", ()))
+    rest = shape[len(lead) :]
+    if not has_sharding(annotation):
+        return PartitionSpec(*lead, *([None] * len(rest)))
+    spec = resolved_spec(leaf, annotation, len(lead), where)
+    entries = tuple(spec) + (None,) * (len(rest) - len(spec))
+    return PartitionSpec(*lead, *entries)
+
+
+def resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+    """A sharded annotation's spec for the leaf's dims after its `lead` stacked
+    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
+    its shape, or inside shard_map its rank, and its mesh)."""
+    shape, mesh = of_value(leaf)
+    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
+    return _bridge.spec_for(annotation, dims, mesh, where)
+
+
+def _like_spec(leaf: Any, annotation: Any, path: tuple, what: str) -> PartitionSpec:
+    where = "like" + jax.tree_util.keystr(path)
+    if has_sharding(annotation):
+        return resolved_spec(leaf, annotation, 0, where)
+    if isinstance(leaf, Tracer):
+        aval = jax.typeof(leaf)
+        mesh = _mesh.of_aval(aval)
+        if mesh is None:
+            return PartitionSpec()
+        unknown = [
+            n
+            for n, t, s in zip(mesh.axis_names, mesh.axis_types, mesh.axis_sizes)
+            if t != AxisType.Explicit and s > 1
+        ]
+        if unknown:
+            raise _UnknownLayout(
+                f"{what}: {where} has no annotation, and inside this "
+                f"trace its sharding over the non-Explicit mesh axes {unknown} is "
+                "not known until XLA compiles. Annotate it (field annotations, "
+                "`annotations=` or `rules=` on a check of `like` itself), or check "
+                "against concrete arrays."
+            )
+        return aval.sharding.spec
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec
+    if sharding is None or len(sharding.device_set) == 1:
+        return PartitionSpec()
+    raise ShardingAnnotationError(
+        f"{what}: {where} is sharded as {sharding}, which names no "
+        "mesh axes to compare with. Place it with a NamedSharding."
+    )
+
+
+def like_specs(tree: Any, leaves: list, plan: Any, like: tuple, what: str) -> list:
+    """Per leaf of `tree` (its `leaves` and walk `plan`) the spec `like`'s rule
+    gives it; one `ShardingAnnotationError` naming every leaf it cannot place."""
+    sources = like_layout(plan.paths, like, tree, leaves, what)
+    wrong = [
+        f"  tree{jax.tree_util.keystr(path)}: {s.missing}"
+        for path, s in zip(plan.paths, sources)
+        if s.spec is None
+    ]
+    if wrong:
+        raise ShardingAnnotationError(
+            f"{what}: {len(wrong)} leaf/leaves of the tree have no counterpart in "
+            "`like` (give `like` the parameters whose structure the tree holds):\n"
+            + "\n".join(wrong)
+        )
+    return [s.spec for s in sources]
+
+
+def like_mesh(like: Any) -> Any:
+    """The mesh of `like`'s first leaf placed with a `NamedSharding`, or `None`."""
+    for leaf in jax.tree_util.tree_leaves(like):
+        sharding = None if isinstance(leaf, Tracer) else getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None

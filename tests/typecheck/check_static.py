@@ -4,7 +4,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from jaxtyping_shard import check_tree, Float, Int, Shaped, Tree, TreeSummary
+from jaxtyping_shard import check_tree, Float, Int, Like, Shaped, Tree, TreeSummary
 
 
 def layer(
@@ -38,3 +38,7 @@ def checked_params(params: Params) -> Params:
     counted: TreeSummary = check_tree(params, summary=True)
     assert counted.checked >= 0
     return params
+
+
+def step(params: dict, opt_state: Like[" params"]) -> tuple[dict, Like[" params"]]:
+    return params, opt_state  # `Like[...]` is accepted where a type is

@@ -18,7 +18,7 @@ from ..._core import mesh as _mesh
 from ..._core.errors import ShardingAnnotationError
 from ..._layout import bridge as _bridge, given as _given, spec as _spec
 from ..._layout.spec import has_sharding, Lead
-from ..._trees import paths as _paths, walk as _tree
+from ..._trees import like as _like, paths as _paths, walk as _tree
 from ..._trees.stacked import StackedSpec
 from .trace import is_array
 
@@ -26,6 +26,43 @@ from .trace import is_array
 def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
     names = set(mesh.axis_names)
     return [a for entry in _spec.entries_of(spec) for a in entry if a not in names]
+
+
+def mesh_of(request: Any) -> Any:
+    """`mesh=`; else `None` under a context mesh (it applies); else the mesh of
+    the first array placed with a `NamedSharding` in `like=`, or in the
+    positional arguments that are trees when `like` is not given (the
+    parameters)."""
+    if request.mesh is not None or request.like is False:
+        return request.mesh
+    if _mesh.context_mesh() is not None or _mesh.set_concrete_mesh() is not None:
+        return None
+    if request.annotations is not None or request.rules is not None:
+        return None
+    if request.like is not None:
+        return _like.like_mesh(request.like)
+    trees = [a for a in request.args if jax.tree_util.tree_structure(a).num_nodes > 1]
+    return _like.like_mesh(trees)
+
+
+def like_of(request: Any, abstract: Any) -> Optional[tuple]:
+    """The leaves and walk plan of the tree `request`'s result follows (`like=`),
+    or `None`. Given as `like=`, or else (no `annotations` or `rules`) the first
+    positional argument that is a tree (not one leaf) holding an array, whose
+    structure the result holds (`params` of `opt.init(params)`)."""
+    if request.like is False:
+        return None
+    if request.like is not None:
+        return _tree.plan_for(request.like)
+    if request.annotations is not None or request.rules is not None:
+        return None
+    for arg in request.args:
+        leaves, treedef = jax.tree_util.tree_flatten(arg)
+        if treedef.num_nodes < 2 or not any(is_array(x) for x in leaves):
+            continue  # a key, a size: not a tree of parameters
+        if _like.params_shaped(abstract, _like.array_structure(arg)) is not None:
+            return _tree.plan_for(arg)
+    return None
 
 
 def leaf_shardings(
@@ -36,12 +73,21 @@ def leaf_shardings(
     stacked: Optional[Mapping[str, StackedSpec]],
     strict: bool,
     what: str,
+    like: Optional[tuple] = None,
 ) -> list[Optional[NamedSharding]]:
     """One `NamedSharding` per leaf of `abstract` (`None` for non-array leaves).
 
     Unannotated array leaves are replicated (an error if `strict`). Raises one
-    `ShardingAnnotationError` listing every leaf that cannot be laid out.
+    `ShardingAnnotationError` listing every leaf that cannot be laid out. With
+    `like` (its leaves and walk plan): the layout `like=`'s rule gives.
     """
+    if like is not None:
+        leaves, plan = _tree.plan_for(abstract)
+        specs = _like.like_specs(abstract, leaves, plan, like, f"{what}(like=...)")
+        return [
+            NamedSharding(mesh, spec) if is_array(leaf) else None
+            for leaf, spec in zip(leaves, specs)
+        ]
     leaves, plan = _tree.plan_for(abstract, annotations, rules, stacked)
     _tree.refuse_problems(leaves, plan, what, "output")
     sizes = _mesh.sizes(mesh)

@@ -49,6 +49,7 @@ class Request:
     stacked: Optional[Mapping[str, Any]] = None
     strict: bool = False
     what: str = "sharded_init"
+    like: Any = None
 
 
 class Plan(NamedTuple):
@@ -86,11 +87,12 @@ def plan(request: Request) -> Plan:
     """Traces `fn` with no data and lays out every leaf (errors before compiling).
     An `AbstractMesh` (no devices) is for `abstract`, and inside a trace."""
     if request.what == "abstract" or not compat.top_level():
-        mesh = _any_mesh(request.mesh, request.what)
+        mesh = _any_mesh(_init_plan.mesh_of(request), request.what)
     else:
-        mesh = _concrete_mesh(request.mesh, request.what)
+        mesh = _concrete_mesh(_init_plan.mesh_of(request), request.what)
     traced = Traced(request.fn, request.args, dict(request.kwargs))
     tree = abstract_shapes(traced, mesh)
+    like = _init_plan.like_of(request, tree)
     shardings = _init_plan.leaf_shardings(
         tree,
         mesh,
@@ -99,6 +101,7 @@ def plan(request: Request) -> Plan:
         request.stacked,
         request.strict,
         request.what,
+        like,
     )
     return Plan(mesh, traced, tree, shardings)
 
@@ -168,14 +171,21 @@ def _spans_processes(x: Any) -> bool:
 
 def _input_sharding(x: Any, replicated: NamedSharding) -> Any:
     # A global array (spanning processes) keeps its own layout: no process holds
-    # all of it to copy, and moving it would be a collective for nothing.
-    return x.sharding if _spans_processes(x) else replicated
+    # all of it to copy, and moving it would be a collective for nothing. So does
+    # one already laid out on the mesh (the parameters of `opt.init(params)`):
+    # replicating it would put a whole parameter on every device.
+    return x.sharding if _spans_processes(x) or _on_mesh(x, replicated) else replicated
+
+
+def _on_mesh(x: Any, replicated: NamedSharding) -> bool:
+    sharding = getattr(x, "sharding", None)
+    return isinstance(sharding, NamedSharding) and sharding.mesh == replicated.mesh
 
 
 def _replicate(x: Any, sharding: NamedSharding) -> Any:
     """`x` (the same value in every process) replicated over the whole mesh; a
     global array as it is."""
-    if _spans_processes(x):
+    if _spans_processes(x) or _on_mesh(x, sharding):
         return x
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
@@ -241,6 +251,7 @@ def sharded_init(
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
+    like: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Calls `fn(*args, **kwargs)`, creating every leaf already sharded as annotated.
@@ -283,7 +294,8 @@ def sharded_init(
         arguments (PRNG keys included) are traced; the others are static.
     - `*args`, `**kwargs`: passed to `fn`. Pass an argument named like an option
         below through `functools.partial`.
-    - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`).
+    - `mesh`: a `jax.sharding.Mesh`; omitted: the context mesh (`jax.set_mesh`),
+        else that of the `like` tree's arrays (`opt.init(params)`: `params`').
         Inside a trace (`jit`, `jax.eval_shape`), an `AbstractMesh` will do: there
         `fn`'s result is laid out as planned as part of the traced computation
         (an input pipeline traced abstractly, for [`jaxtyping_shard.preflight`][]).
@@ -296,6 +308,12 @@ def sharded_init(
         `eqx.filter_vmap`), replicated; `{pattern: ("pipe",)}` shards them.
     - `strict`: `False` (default): unannotated array leaves are replicated.
         `True`: they are an error.
+    - `like`: a tree (the parameters) the result follows by the `like=` rule
+        of [`jaxtyping_shard.check_tree`][] (an optimiser state's moments as
+        the parameters, other leaves replicated). Omitted, with no `annotations`
+        or `rules`: the first positional argument that is a tree (not one
+        leaf) holding an array, whose structure the result holds (`params` of
+        `sharded_init(opt.init, params)`). `like=False`: never.
 
     **Returns:**
 
@@ -311,7 +329,9 @@ def sharded_init(
     fails when XLA compiles it, or a leaf of the result is not laid out as
     annotated.
     """
-    request = Request(fn, args, kwargs, mesh, annotations, rules, stacked, strict)
+    request = Request(
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, like=like
+    )
     if not compat.top_level():
         return _traced_init(request)
     _, run = compile_init(request)
@@ -326,6 +346,7 @@ def abstract(
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
+    like: Any = None,
     **kwargs: Any,
 ) -> Any:
     """The tree `fn(*args, **kwargs)` would return, as `jax.ShapeDtypeStruct`s with
@@ -365,7 +386,7 @@ def abstract(
     compiling.
     """
     request = Request(
-        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract"
+        fn, args, kwargs, mesh, annotations, rules, stacked, strict, "abstract", like
     )
     _, _, tree, shardings = plan(request)
     leaves, treedef = jax.tree_util.tree_flatten(tree)

@@ -161,9 +161,12 @@ def call_mesh(flat: list) -> Any:
     return _mesh.context_mesh()  # abstract inside another trace, or None
 
 
-def leaf_shardings(leaves: list, plan: Any, mesh: Any, fname: str, name: str) -> list:
-    """`leaf_sharding` of each leaf of one argument (or the result)."""
-    rows = zip(leaves, plan.annotations, plan.paths)
+def leaf_shardings(
+    leaves: list, annotations: Any, plan: Any, mesh: Any, fname: str, name: str
+) -> list:
+    """`leaf_sharding` of each leaf of one argument (or the result), given the
+    annotations to lay them out by (the plan's, or `jts.Like`'s)."""
+    rows = zip(leaves, annotations, plan.paths)
     return [leaf_sharding(x, ann, mesh, fname, name, path) for x, ann, path in rows]
 
 

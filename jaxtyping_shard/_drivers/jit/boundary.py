@@ -23,6 +23,7 @@ from ..._trees import (
     check_tree as _check_tree,
     hints as _hints,
     leaves as _leaves,
+    like_hint as _like_hint,
     paths as _paths,
     walk as _tree,
 )
@@ -47,20 +48,27 @@ def checked(
         entry.check(args, kwargs)  # every logical annotation resolves, first
         if not info:
             info.append(read(fun))
+            _like_hint.validate(info[0].hints, _parameters(info[0]), info[0].name)
         signature = info[0]
         name = signature.name
         where = f"{what}({name})"
         failures: list = []
         structure: list = []
         counts = _leaves.Counts()
-        for param, value, hint in signature.arguments(args, kwargs):
-            _failures(value, hint, param, name, stacked, counts, failures, structure)
+        arguments = signature.arguments(args, kwargs)
+        likes = _likes(signature, arguments, where)
+        for param, value, hint in arguments:
+            _failures(
+                value, hint, param, name, stacked, counts, failures, structure, likes
+            )
         if failures or structure:
             raise _leaves.error(f"{where}, arguments", failures, counts, structure)
         out = fun(*args, **kwargs)
         counts = _leaves.Counts()
         hint = signature.hint("return") or signature.unread.get("return")
-        _failures(out, hint, "return", name, stacked, counts, failures, structure)
+        _failures(
+            out, hint, "return", name, stacked, counts, failures, structure, likes
+        )
         if failures or structure:
             raise _leaves.error(f"{where}, return value", failures, counts, structure)
         return out
@@ -69,6 +77,23 @@ def checked(
         boundary.__qualname__ = boundary.__name__ = read(fun).name
     boundary._jts_boundary = True  # type: ignore[attr-defined]
     return boundary
+
+
+def _parameters(signature: Any) -> list:
+    return list(signature.parameters.parameters) if signature.parameters else []
+
+
+def _likes(signature: Any, arguments: list, where: str) -> dict:
+    """`{parameter: (its leaves, its walk plan)}` for the parameters some
+    `jts.Like[...]` names, with `where` (for messages) under `None`."""
+    wanted = _like_hint.targets(signature.hints)
+    if not wanted:
+        return {}
+    out: dict = {None: where}
+    for param, value, _ in arguments:
+        if param in wanted:
+            out[param] = _tree.plan_for(value)
+    return out
 
 
 def _failures(
@@ -80,6 +105,7 @@ def _failures(
     counts: _leaves.Counts,
     failures: list,
     structure: list,
+    likes: Any = None,
 ) -> None:
     """Adds the failures of one argument (or the result) to `failures`, and the
     nodes its hints do not fit to `structure`."""
@@ -91,6 +117,13 @@ def _failures(
     is_return = name == "return"
     leaves, plan = _tree.plan_for(value, hint, None, stacked)
     checkers = _check_tree.checkers_of(plan, sharded_only=True)
+    if likes:
+        found = _like_hint.sources(value, plan.paths, leaves, hint, likes, likes[None])
+        if found:
+            changed = list(checkers)
+            for i, source in found.items():
+                changed[i] = _check_tree.like_checkers([source])[0]
+            checkers = tuple(changed)
     structure += [
         (_paths.path_name(name, path), reason)
         for path, reason in _tree.problems(leaves, plan)

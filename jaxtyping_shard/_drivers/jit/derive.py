@@ -31,8 +31,9 @@ from ..._core.modes import mode_reader
 from ..._layout import bridge as _bridge
 from ..._layout.spec import has_sharding
 from ..._rules import scope as _rules
-from ..._trees import hints as _hints, stacked as _stacked, walk as _tree
+from ..._trees import hints as _hints, like_hint as _like_hint, walk as _tree
 from ..._trees.signature import read, Signature
+from ..._trees.stacked import lenient
 from . import arguments as _arguments
 from .entry import (
     BACKOFF,
@@ -62,7 +63,7 @@ class AnnotatedJit:
     def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
         kwargs = dict(jit_kwargs)
         self._reshard = bool(kwargs.pop("reshard_inputs", False))
-        self._stacked = _stacked.lenient(kwargs.pop("stacked", None))
+        self._stacked = lenient(kwargs.pop("stacked", None))
         for key in ("in_shardings", "out_shardings"):
             value = kwargs.get(key)
             if isinstance(value, str) and value != ANNOTATIONS:
@@ -270,7 +271,7 @@ class AnnotatedJit:
             # `lower`, `trace`, `eval_shape`: abstract values, nothing moved.
             values = self._place(pos, flat, in_leaves, abstract=tree)
             if self._derive_out:
-                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh)
+                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh, pos)
             flattens = key is not None and self._flattens(kw)
             # A signature whose committed arguments had to be moved (it is keyed
             # on their shardings) is never left to JAX: it would move them
@@ -351,16 +352,18 @@ class AnnotatedJit:
             if f is None:
                 in_leaves.append(None)
                 continue
-            leaves, plan = _tree.plan_for(value, self._hint(name), None, self._stacked)
-            out = _arguments.leaf_shardings(leaves, plan, mesh, self._name, name)
+            hint = self._hint(name)
+            leaves, plan = _tree.plan_for(value, hint, None, self._stacked)
+            anns = _like_hint.annotations(self._read, pos, None, value, hint, plan)
+            out = _arguments.leaf_shardings(leaves, anns, plan, mesh, self._name, name)
             indivisible += _arguments.indivisible(name, leaves, out, plan.paths)
             in_leaves.append(out)
             trees.append(jax.tree_util.tree_unflatten(plan.treedef, out))
         _arguments.raise_indivisible(self._name, "arguments", indivisible, mesh)
         return in_leaves, tuple(trees)
 
-    def _out_shardings(self, values: tuple, kw: dict, mesh: Any) -> Any:
-        hint = self._hint_return()
+    def _out_shardings(self, values: tuple, kw: dict, mesh: Any, pos: list) -> Any:
+        hint = self._read.hint("return")
         if hint is None:
             return None
         if (
@@ -379,13 +382,13 @@ class AnnotatedJit:
         # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
         leaves, plan = _tree.plan_for(out, hint, None, self._stacked)
-        shardings = _arguments.leaf_shardings(leaves, plan, mesh, self._name, "return")
+        anns = _like_hint.annotations(self._read, pos, values, out, hint, plan)
+        shardings = _arguments.leaf_shardings(
+            leaves, anns, plan, mesh, self._name, "return"
+        )
         indivisible = _arguments.indivisible("return", leaves, shardings, plan.paths)
         _arguments.raise_indivisible(self._name, "results", indivisible, mesh)
         return jax.tree_util.tree_unflatten(plan.treedef, shardings)
-
-    def _hint_return(self) -> Any:
-        return self._read.hint("return")
 
     def _place(
         self, pos: list, flat: list, in_leaves: Any, abstract: bool = False
