@@ -46,10 +46,10 @@ def test_loss_equals_one_device(layout, kind):
 @pytest.mark.parametrize(
     "before, after",
     [
-        (("fsdp", "explicit", (8, 1)), ("fsdp_tp", "auto", (4, 2))),
-        (("fsdp_tp", "auto", (4, 2)), ("dp", "explicit", (2, 2))),
+        (("fsdp", "explicit", (4, 2)), ("fsdp_tp", "auto", (4, 2))),
+        (("fsdp_tp", "auto", (4, 2)), ("fsdp", "explicit", (2, 2))),
     ],
-    ids=["fsdp-8-explicit-to-fsdp_tp-4x2-auto", "fsdp_tp-4x2-auto-to-dp-4-explicit"],
+    ids=["fsdp-explicit-to-fsdp_tp-auto", "fsdp_tp-auto-8-to-fsdp-explicit-4"],
 )
 def test_resume_from_orbax_on_another_layout(tmp_path, before, after):
     """Saved under one layout and mesh, restored onto another (its target from

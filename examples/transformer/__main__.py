@@ -8,9 +8,9 @@ devices), and the same program on one device, and checks the losses agree.
   started by this command; each process checks its losses against a run on one
   of its own devices.
 
-Then it saves an Orbax checkpoint as FSDP over 8 devices (an 8x1 mesh) and
-resumes from it as FSDP + TP on the 4x2 mesh of the other kind: the losses of
-the run with a restart in it equal those of one device.
+Then it saves an Orbax checkpoint as FSDP on the 4x2 mesh of one kind and
+resumes from it as FSDP + TP on the mesh of the other kind: the losses of the
+run with a restart in it equal those of one device.
 """
 
 import argparse
@@ -115,14 +115,14 @@ def _resume(args, kinds: list[str], reference: list[float]) -> None:
             directory = os.path.join(root, f"{before}-to-{after}")
             losses = train_and_resume(
                 directory,
-                ("fsdp", before, (8, 1)),
+                ("fsdp", before, (4, 2)),
                 ("fsdp_tp", after, (4, 2)),
                 (args.steps - 1, 1),
             )
             worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
             assert worst < 1e-5, (before, after, losses, reference)
             print(
-                f"{who}resumed from an Orbax checkpoint of fsdp on a {before} 8x1 "
+                f"{who}resumed from an Orbax checkpoint of fsdp on a {before} 4x2 "
                 f"mesh as fsdp_tp on a {after} 4x2 mesh ({jax.process_count()} "
                 f"process(es)): worst relative difference {worst:.1e}",
                 flush=True,

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import AxisType
-from jaxtyping import Array
 
 import jaxtyping_shard as jts
 
@@ -26,8 +25,6 @@ from .optim import optimizer
 
 
 MICRO = 2  # micro-batches per step: the gradients are accumulated over them
-# The micro-batches of a step, stacked: scanned over their leading dim.
-MicroTokens = jts.Int[Array, "micro batch seq", jts.Logical(None, "batch", "seq")]
 
 
 class Batch(eqx.Module):
@@ -47,16 +44,18 @@ def micro_batches(batch: Batch) -> Batch:
 
     def split(x):
         rows, seq = x.shape
-        stacked = jnp.swapaxes(x.reshape(rows // MICRO, MICRO, seq), 0, 1)
-        return jts.reshard(stacked, MicroTokens)
+        return jnp.swapaxes(x.reshape(rows // MICRO, MICRO, seq), 0, 1)
 
     return jax.tree.map(split, batch)
 
 
+# `jts.Like["params"]`: the optimiser state is laid out as the parameters (each
+# moment as its parameter, counts replicated): checked at the boundary by key
+# path, and the shardings `jit` is given, with no annotation of its own.
 @jts.jit(in_shardings="annotations", out_shardings="annotations")
 def train_step(
-    params: Transformer, opt_state: optax.OptState, batch: Batch
-) -> tuple[Transformer, optax.OptState, Scalar]:
+    params: Transformer, opt_state: jts.Like["params"], batch: Batch
+) -> tuple[Transformer, jts.Like["params"], Scalar]:
     grad_fn = eqx.filter_value_and_grad(loss_fn)
 
     def accumulate(carry, micro: Batch):
