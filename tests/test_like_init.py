@@ -231,8 +231,9 @@ def test_the_mesh_is_the_params_own_without_a_context_mesh(mesh_kind):
 
 
 def test_a_key_placed_on_the_mesh_is_still_an_input():
-    # Inputs already on the mesh keep their layout; a PRNG key's spec covers its
-    # key data's dims too, so a key is replicated as before (examples/transformer).
+    # Inputs already on the mesh keep their layout, except PRNG keys (replicated
+    # as before). The key whose spec covers its key data's dims, `P(None,)`, that
+    # broke this is the one of tests/test_transformer.py (train.py's init).
     mesh = MESHES["explicit"]()
     key = jax.device_put(jax.random.key(0), NamedSharding(mesh, P()))
     out = jts.sharded_init(
