@@ -228,3 +228,18 @@ def test_the_mesh_is_the_params_own_without_a_context_mesh(mesh_kind):
     assert state[0].mu["w"].sharding.mesh == mesh
     with pytest.raises(ValueError, match="needs a mesh"):
         jts.sharded_init(lambda k: {"w": jax.random.normal(k, (8,))}, jax.random.key(0))
+
+
+def test_a_key_placed_on_the_mesh_is_still_an_input():
+    # Inputs already on the mesh keep their layout, except PRNG keys (replicated
+    # as before). The key whose spec covers its key data's dims, `P(None,)`, that
+    # broke this is the one of tests/test_transformer.py (train.py's init).
+    mesh = MESHES["explicit"]()
+    key = jax.device_put(jax.random.key(0), NamedSharding(mesh, P()))
+    out = jts.sharded_init(
+        lambda k: {"w": jax.random.normal(k, (8, 4))},
+        key,
+        mesh=mesh,
+        annotations={"w": P("data", "model")},
+    )
+    assert out["w"].sharding.spec == P("data", "model")

@@ -28,6 +28,19 @@ def _missing_axes(spec: PartitionSpec, mesh: Any) -> list[str]:
     return [a for entry in _spec.entries_of(spec) for a in entry if a not in names]
 
 
+def on_mesh(x: Any, mesh: Any) -> bool:
+    """Whether an input of `fn` is laid out on `mesh` already (it keeps its
+    layout: replicating the parameters of `opt.init(params)` would put a whole
+    parameter on every device)."""
+    sharding = getattr(x, "sharding", None)
+    return (  # a PRNG key's spec covers its key data's dims too: not kept
+        isinstance(sharding, NamedSharding)
+        and sharding.mesh == mesh
+        and len(sharding.spec) <= len(getattr(x, "shape", ()))
+        and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    )
+
+
 def mesh_of(request: Any) -> Any:
     """`mesh=`; else `None` under a context mesh (it applies); else the mesh of
     the first array placed with a `NamedSharding` in `like=`, or in the

@@ -174,18 +174,17 @@ def _input_sharding(x: Any, replicated: NamedSharding) -> Any:
     # all of it to copy, and moving it would be a collective for nothing. So does
     # one already laid out on the mesh (the parameters of `opt.init(params)`):
     # replicating it would put a whole parameter on every device.
-    return x.sharding if _spans_processes(x) or _on_mesh(x, replicated) else replicated
-
-
-def _on_mesh(x: Any, replicated: NamedSharding) -> bool:
-    sharding = getattr(x, "sharding", None)
-    return isinstance(sharding, NamedSharding) and sharding.mesh == replicated.mesh
+    return (
+        x.sharding
+        if _spans_processes(x) or _init_plan.on_mesh(x, replicated.mesh)
+        else replicated
+    )
 
 
 def _replicate(x: Any, sharding: NamedSharding) -> Any:
     """`x` (the same value in every process) replicated over the whole mesh; a
     global array as it is."""
-    if _spans_processes(x) or _on_mesh(x, sharding):
+    if _spans_processes(x) or _init_plan.on_mesh(x, sharding.mesh):
         return x
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
