@@ -26,8 +26,9 @@ from examples.transformer.layout import RULES  # noqa: E402
 from examples.transformer.model import Config  # noqa: E402
 
 
-# Divisible by the 512 `data` devices where FSDP shards (embed, batch).
-SMALL = Config(vocab=64, embed=512, heads=8, head_dim=8, mlp=64, seq=16, batch=512)
+# Divisible by the 512 `data` devices where FSDP shards (embed; the batch twice,
+# for its 2 micro-batches).
+SMALL = Config(vocab=64, embed=512, heads=8, head_dim=8, mlp=64, seq=16, batch=1024)
 
 
 def _preflight_times(config: Config, shape: tuple, repeats: int) -> tuple:

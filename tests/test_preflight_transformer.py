@@ -27,7 +27,7 @@ from .test_transformer_bugs import BUGS, mutate
 CAUGHT = (jts.ShardingTypeCheckError, jts.ShardingAnnotationError)
 # Small, and divisible by the pod's 512 `data` devices where FSDP shards.
 SMALL = dict(vocab=64, embed=512, heads=8, head_dim=8, mlp=64, layers=1)
-SMALL_POD = dict(SMALL, batch=512, seq=512)
+SMALL_POD = dict(SMALL, batch=1024, seq=512)  # 2 micro-batches of 1 row each
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +84,24 @@ def test_planted_bug_is_caught_at_4096_devices(root, name):
 def test_the_reference_step_passes_at_4096_devices():
     report = example.preflight(model.Config(**SMALL_POD), example.make_mesh())
     assert report.checks.complete and report.checks.compiled_on is None
-    assert report.checks.unannotated == ("opt.count", "outputs[1].count")
+    # Every leaf laid out: the optimiser state by `jts.Like["params"]` (its
+    # count replicated), none left to XLA.
+    assert report.checks.unannotated == ()
     groups = report.by_argument()
-    assert set(groups) == {"params", "opt", "batch", "outputs"}
-    assert groups["opt"] == 2 * groups["params"] + 4  # two moments and a count
-    assert groups["outputs"] == groups["params"] + groups["opt"] + 4  # + the loss
-    # The batch: 512 x 512 tokens and labels over 512 `data` devices.
-    assert groups["batch"] == 2 * 512 * 4
-    # At 4,096 devices the layer norms' scales, whole on every device, outweigh
-    # each device's shard of any weight.
-    assert report.largest(1)[0].path == "params.blocks[0].ln1"
-    assert all(leaf.replicated for leaf in report.largest(5))
+    assert set(groups) == {"params", "opt_state", "batch", "outputs"}
+    assert groups["opt_state"] == 2 * groups["params"] + 4  # two moments, a count
+    assert groups["outputs"] == groups["params"] + groups["opt_state"] + 4  # + loss
+    # The batch: 1024 x 512 tokens and labels over 512 `data` devices.
+    assert groups["batch"] == 2 * 2 * 512 * 4
+    # At 4,096 devices, after each device's 2 rows of the batch, the layer
+    # norms' scales, whole on every device, outweigh its shard of any weight.
+    largest = report.largest(6)
+    assert [leaf.path for leaf in largest[:3]] == [
+        "batch.tokens",
+        "batch.labels",
+        "params.blocks.ln1",
+    ]
+    assert all(leaf.replicated for leaf in largest[2:])
 
 
 @pytest.mark.parametrize("kind", ["explicit", "auto"])

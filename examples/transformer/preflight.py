@@ -32,7 +32,7 @@ POD = Config(
     mlp=16384,
     layers=32,
     seq=2048,
-    batch=512,
+    batch=1024,  # 2 rows per `data` device: one per micro-batch
 )
 
 

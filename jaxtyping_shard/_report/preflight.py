@@ -25,7 +25,12 @@ from .._core.errors import ShardingTypeCheckError
 from .._drivers.jit import boundary as _boundary, derive as _derive
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
-from .._trees import reading as _reading, signature as _signature, walk as _tree
+from .._trees import (
+    like_hint as _like_hint,
+    reading as _reading,
+    signature as _signature,
+    walk as _tree,
+)
 from .._trees.signature import function_name
 from .._verdict import auto as _auto
 from .._verdict.compare import FIX
@@ -259,14 +264,18 @@ def _report(
     pos, kw = placed
     explicit = set(mesh.axis_types) <= {AxisType.Explicit}
     rows: list[LeafBytes] = []
-    for arg, value, hint in signature.arguments(pos, kw):
+    arguments = list(signature.arguments(pos, kw))
+    # The arguments a `jts.Like[...]` names: their leaves lay the others out.
+    wanted = _like_hint.targets(signature.hints)
+    likes = {a: _tree.plan_for(v) for a, v, _ in arguments if a in wanted}
+    for arg, value, hint in arguments:
         if not has_arrays(value):
             continue  # static
         if isinstance(hint, _reading.Unread):
             hint = None  # declares nothing: its leaves count as unannotated
-        rows += _rows(arg, arg, value, hint, mesh, explicit)
+        rows += _rows(arg, arg, value, hint, mesh, explicit, likes)
     returned = signature.hint("return")
-    rows += _rows("outputs", "outputs", outputs, returned, mesh, False)
+    rows += _rows("outputs", "outputs", outputs, returned, mesh, False, likes)
     unannotated = tuple(r.path for r in rows if not r.annotated)
     not_checked = []
     if scheduled and compiled_on is None:
@@ -295,11 +304,22 @@ def _report(
 
 
 def _rows(
-    group: str, name: str, value: Any, hint: Any, mesh: Any, explicit: bool
+    group: str,
+    name: str,
+    value: Any,
+    hint: Any,
+    mesh: Any,
+    explicit: bool,
+    likes: dict,
 ) -> list[LeafBytes]:
     leaves, plan = _tree.plan_for(value, hint)
+    annotations = list(plan.annotations)
+    found = _like_hint.sources(value, plan.paths, leaves, hint, likes, "preflight")
+    for i, source in found.items():
+        if source.spec is not None:  # laid out by `jts.Like`'s rule
+            annotations[i] = source.spec
     rows = []
-    for leaf, annotation, path in zip(leaves, plan.annotations, plan.paths):
+    for leaf, annotation, path in zip(leaves, annotations, plan.paths):
         if not is_array(leaf):
             continue
         sharding = getattr(leaf, "sharding", None)
