@@ -4,7 +4,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from jaxtyping_shard import check_tree, Float, Int, Shaped, Tree, TreeSummary
+from jaxtyping_shard import check_tree, Float, Int, Shaped, Stacked, Tree, TreeSummary
 
 
 def layer(
@@ -38,3 +38,7 @@ def checked_params(params: Params) -> Params:
     counted: TreeSummary = check_tree(params, summary=True)
     assert counted.checked >= 0
     return params
+
+
+def first_layer(layers: Stacked[Params], x: jax.Array) -> jax.Array:
+    return x @ layers.w[0]  # `Stacked[Params]` reads as `Params`
