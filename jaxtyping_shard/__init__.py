@@ -56,7 +56,6 @@ from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
 from ._trees.like_hint import Like as Like
-from ._trees.stacked import Stacked as Stacked
 
 
 if _typing.TYPE_CHECKING:
@@ -88,6 +87,7 @@ if _typing.TYPE_CHECKING:
         Num as Num,
         Real as Real,
         Shaped as Shaped,
+        Stacked as Stacked,
         Tree as Tree,
         UInt as UInt,
         UInt2 as UInt2,
@@ -134,6 +134,7 @@ else:
         UInt32 as UInt32,
         UInt64 as UInt64,
     )
+    from ._trees.stacked import Stacked as Stacked
     from ._trees.tree_hint import Tree as Tree
 
 from ._annotation.typeguard import register as _register_with_typeguard

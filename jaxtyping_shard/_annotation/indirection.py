@@ -53,6 +53,8 @@ if not TYPE_CHECKING:  # pragma: no cover
 _T = TypeVar("_T")
 # `Tree[Mlp]` reads as `Mlp`.
 Tree: TypeAlias = Annotated[_T, "jaxtyping_shard.Tree"]
+# `Stacked[Block]` reads as `Block` (the one-argument form: an alias takes one).
+Stacked: TypeAlias = Annotated[_T, "jaxtyping_shard.Stacked"]
 
 __all__ = [
     "BFloat16", "Bool", "Complex", "Complex64", "Complex128", "Float",
@@ -60,5 +62,5 @@ __all__ = [
     "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact", "Int", "Int2",
     "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key", "Num", "Real",
     "Shaped", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
-    "Tree",
+    "Stacked", "Tree",
 ]  # fmt: skip

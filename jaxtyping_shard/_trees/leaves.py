@@ -56,7 +56,8 @@ def leaf_failures(
                 continue
             if hasattr(checker, "_jts_rank_reason"):  # stacked: its rank first
                 wrong = checker._jts_rank_reason(leaf)
-                checker = Missing(wrong, layout=True) if wrong else checker
+                found: Any = Missing(wrong, layout=True) if wrong else checker
+                checker = found
             if type(checker) is Missing:
                 reason = checker.reason
                 if checker.layout and current_mode() != "check":

@@ -4,7 +4,16 @@ import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from jaxtyping_shard import check_tree, Float, Int, Like, Shaped, Tree, TreeSummary
+from jaxtyping_shard import (
+    check_tree,
+    Float,
+    Int,
+    Like,
+    Shaped,
+    Stacked,
+    Tree,
+    TreeSummary,
+)
 
 
 def layer(
@@ -42,3 +51,7 @@ def checked_params(params: Params) -> Params:
 
 def step(params: dict, opt_state: Like[" params"]) -> tuple[dict, Like[" params"]]:
     return params, opt_state  # `Like[...]` is accepted where a type is
+
+
+def first_layer(layers: Stacked[Params], x: jax.Array) -> jax.Array:
+    return x @ layers.w[0]  # `Stacked[Params]` reads as `Params`
