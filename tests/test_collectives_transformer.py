@@ -68,7 +68,7 @@ PLANTED = {
         "model.py",
         'return jts.einsum("bshd,hde->bse", heads, wo)',
         'return jts.einsum("bshd,hde->bse", jnp.concatenate([heads[:, :, :2], '
-        'heads[:, :, 2:]], axis=2), wo)',
+        "heads[:, :, 2:]], axis=2), wo)",
         ("all-to-all", "collective-permute"),
         "model",
     ),
