@@ -9,6 +9,7 @@ every mismatch of that compile is raised as one `ShardingTypeCheckError`, in tra
 order, through plain `jax.jit` as well as `jaxtyping_shard.jit`.
 """
 
+import inspect
 import re
 import threading
 import time
@@ -313,8 +314,14 @@ def _lower(ctx: Any, value: Any, *, check: Any, batch_dims: tuple[int, ...]) -> 
 
 
 # Registered here, not with the primitive: the lowering is where a check meets its
-# compile (this module's registry) and its custom call.
-mlir.register_lowering(_primitive.check_sharding_p, _lower)
+# compile (this module's registry) and its custom call. Not cacheable: every check
+# is a different `check` parameter, so JAX's lowering cache (JAX 0.9+) never hits,
+# and each miss emitted the rule as a function of its own before inlining it:
+# 0.2 ms a check, 20 ms of a 100-check lowering (figure 5 of benchmarks/). Lowered
+# inline, the rule also runs for every equation, which registering needs.
+_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
+_NOT_CACHEABLE: dict[str, Any] = {"cacheable": False} if _CACHEABLE else {}
+mlir.register_lowering(_primitive.check_sharding_p, _lower, **_NOT_CACHEABLE)
 
 
 def _lowered_name(module_context: Any) -> str:
