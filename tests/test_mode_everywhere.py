@@ -114,3 +114,47 @@ def test_off_in_one_thread_checks_in_another(mesh_kind, mesh_explicit, mesh_auto
     assert seen == {"other sees bad": True, "other sees bad, later": True}
     assert _everywhere() == "check"
     assert not isinstance(bad, A)
+
+
+def test_off_nowhere_flag_follows_every_way_to_mode_off():
+    from jaxtyping_shard._core.modes import mode_flags
+
+    assert mode_flags.off_nowhere
+    with jts.set_mode("warn"):  # not off: cached passes still need no mode read
+        assert mode_flags.off_nowhere
+    with jts.set_mode("off"):
+        assert not mode_flags.off_nowhere
+        with jts.set_mode("check"):
+            assert not mode_flags.off_nowhere  # the outer "off" scope is open
+    assert mode_flags.off_nowhere
+    previous = MODE.get_default()
+    try:
+        jts.set_mode("off")
+        assert not mode_flags.off_nowhere
+    finally:
+        jts.set_mode(previous)
+    assert mode_flags.off_nowhere
+
+
+@pytest.mark.parametrize("how", ["scope", "default"])
+def test_off_skips_a_mismatch_with_a_warm_annotation(how, mesh_explicit):
+    # Warm `_jts_last` with a good array, then in mode off a mis-sharded one
+    # passes (sharding not looked at) and after it is refused again.
+    A = Float[Array, "b e", P("data", None)]
+    good = place(mesh_explicit, (8, 4), P("data", None))
+    bad = place(mesh_explicit, (8, 4), P("model", None))
+    assert isinstance(good, A) and not isinstance(bad, A)
+    if how == "scope":
+        with jts.set_mode("off"):
+            assert isinstance(bad, A) and isinstance(good, A)
+            assert not isinstance(place(mesh_explicit, (8,), P("data")), A)
+    else:
+        previous = MODE.get_default()
+        try:
+            jts.set_mode("off")
+            assert _everywhere() == "off"
+            assert isinstance(bad, A) and isinstance(good, A)
+            assert not isinstance(place(mesh_explicit, (8,), P("data")), A)
+        finally:
+            jts.set_mode(previous)
+    assert not isinstance(bad, A) and isinstance(good, A)

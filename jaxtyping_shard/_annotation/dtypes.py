@@ -23,7 +23,7 @@ from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_chec
 
 from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
-from .._core.modes import mode_everywhere, mode_reader, VARIES
+from .._core.modes import mode_everywhere, mode_flags, mode_reader, VARIES
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
 from .._layout.logical import is_logical, logical_layout, register_annotation_maker
 from .._layout.validate import validate_spec
@@ -57,15 +57,20 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
             # `_check_shape`, which only matters for tracers).
             if _jaxtyping_instancecheck_str(cls._jts_base, obj):
                 return False
-            # The mode first: a list item (JAX's `.value` only while scopes of
-            # several modes are open), where `obj._sharding` costs ~500
-            # instructions. Then the sharding object this annotation last
-            # accepted: arrays share their sharding object, so `is` beats hashing.
-            mode = mode_everywhere[0]
-            if mode is VARIES:
-                mode = mode_reader.value
-            if mode == "off" or obj._sharding is cls._jts_last:
-                return True
+            # While no thread can be in mode "off" (a flag: no mode read), the
+            # sharding object this annotation last accepted: arrays share their
+            # sharding object, so `is` beats hashing. In mode "off", the mode
+            # only: `obj._sharding` is a C++ property (~500 instructions), and so
+            # is JAX's `.value`, read only while threads may see several modes.
+            if mode_flags.off_nowhere:
+                if obj._sharding is cls._jts_last:
+                    return True
+            else:
+                mode = mode_everywhere[0]
+                if mode is VARIES:
+                    mode = mode_reader.value
+                if mode == "off" or obj._sharding is cls._jts_last:
+                    return True
             return cls._jts_sharding_str(obj) == ""
         if isinstance(obj, Tracer):
             return cls.__instancecheck_str__(obj) == ""

@@ -106,6 +106,9 @@ class ContextState(Generic[_T]):
         # JAX's `.value` (a C++ property reading thread-local state: about 500
         # machine instructions, 1% of a one-argument jaxtyped call).
         self.everywhere: list = [default]
+        # Every value some thread may see now (the default and every open scope's).
+        self.possible: frozenset = frozenset((default,))
+        self.on_change: Any = None  # called (under the lock) when `possible` changes
 
     @property
     def value(self) -> _T:
@@ -116,8 +119,12 @@ class ContextState(Generic[_T]):
         # Under `self._lock`. Conservative: one open scope with another value than
         # the default, in any thread, makes it VARIES (read JAX's state then).
         default = compat.get_user_context_global(self._context)
-        uniform = all(v == default for v, n in self._open.items() if n)
-        self.everywhere[0] = default if uniform else VARIES
+        possible = frozenset((default, *(v for v, n in self._open.items() if n)))
+        self.everywhere[0] = default if len(possible) == 1 else VARIES
+        if possible != self.possible:
+            self.possible = possible
+            if self.on_change is not None:
+                self.on_change(possible)
 
     def get_default(self) -> _T:
         return compat.get_user_context_global(self._context)
@@ -182,6 +189,25 @@ MODE: ContextState[str] = ContextState("mode", _mode_from_env())
 mode_reader = MODE._reader
 # Hotter still: `mode_everywhere[0]`, unless it is VARIES (then `mode_reader.value`).
 mode_everywhere = MODE.everywhere
+
+
+class _ModeFlags:
+    """What the eager hot path asks of the mode before anything else."""
+
+    __slots__ = ("off_nowhere",)
+
+    def __init__(self) -> None:
+        # True while no thread can be in mode "off" (neither the default nor any
+        # open scope): a check mode's cached pass then reads no mode at all.
+        self.off_nowhere = True
+
+    def update(self, possible: frozenset) -> None:
+        self.off_nowhere = "off" not in possible
+
+
+mode_flags = _ModeFlags()
+mode_flags.update(MODE.possible)
+MODE.on_change = mode_flags.update
 
 
 def current_mode() -> str:
