@@ -47,7 +47,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         # jaxtyping's own. Every step below was counted in machine instructions
         # (callgrind, a one-argument jaxtyped call: about 52,000 per check), as
         # timings on a shared machine cannot tell 100 ns apart; see
-        # benchmarks/README.md, "Figures 1 and 2, measured".
+        # benchmarks/README.md, "Figures 1, 2, 5 and 16, measured".
         # A `jax.Array` is told by its class alone (`isinstance(obj, Tracer)` and
         # `obj.sharding` cost 4x a class test and an attribute read).
         if obj.__class__ is ARRAY_IMPL:
