@@ -158,3 +158,14 @@ def test_off_skips_a_mismatch_with_a_warm_annotation(how, mesh_explicit):
         finally:
             jts.set_mode(previous)
     assert not isinstance(bad, A) and isinstance(good, A)
+
+
+def test_closed_scopes_leave_nothing_behind():
+    # A ContextState whose every scope has a new value (the trace token of
+    # `collecting`) must not keep one entry per scope ever opened.
+    from jaxtyping_shard._core.failures import _TRACE_TOKEN
+
+    for _ in range(50):
+        _TRACE_TOKEN.pop(_TRACE_TOKEN.push(object()))
+    assert not _TRACE_TOKEN._open
+    assert _TRACE_TOKEN.possible == frozenset((_TRACE_TOKEN.get_default(),))

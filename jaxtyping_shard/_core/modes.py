@@ -180,7 +180,10 @@ class ContextState(Generic[_T]):
             scope.manager.__enter__()
             stack.append(scope)
         with self._lock:
-            self._open[token.value] -= 1  # type: ignore[attr-defined]
+            value = token.value  # type: ignore[attr-defined]
+            self._open[value] -= 1
+            if not self._open[value]:  # unique values (trace tokens) do not pile up
+                del self._open[value]
             self._update_everywhere()
 
 
