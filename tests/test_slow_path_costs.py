@@ -75,3 +75,34 @@ def test_every_check_of_a_chain_still_runs(mesh_auto):
 
     with jts.sharding_errors():
         jax.jit(ok).lower(x).compile()
+
+
+def test_a_long_block_is_merged_into_calls_of_at_most_64_checks(mesh_auto):
+    # XLA's compile of one call grows faster than its operands: 150 checks in one
+    # block are 3 calls (64 + 64 + 22), and a mismatch in the last one is found.
+    from jaxtyping_shard._verdict import custom_call
+
+    x = place(mesh_auto, (8, 4), P("data", None))
+
+    def chain(bad_at: int):
+        def f(x):
+            y = x
+            for i in range(150):
+                y = jnp.sin(y)
+                spec = P("model", None) if i == bad_at else P("data", None)
+                assert isinstance(y, Float[Array, "b e", spec])
+            return y
+
+        return f
+
+    assert custom_call._MERGE_LIMIT == 64
+    jax.clear_caches()
+    text = jax.jit(chain(-1)).lower(x).as_text()
+    assert text.count(f"custom_call @{custom_call.CALL_TARGET}(") == 3
+    with jts.sharding_errors():
+        jax.jit(chain(-1)).lower(x).compile()
+    for bad_at in (0, 63, 64, 149):
+        jax.clear_caches()
+        with pytest.raises(jts.ShardingTypeCheckError, match="1 sharding mismatch"):
+            with jts.sharding_errors():
+                jax.jit(chain(bad_at)).lower(x).compile()
