@@ -28,9 +28,19 @@ _LIBRARIES = (
 )
 
 
+_skip_cache: tuple[int, tuple[str, ...]] = (-1, ())
+
+
 def _skip_dirs() -> tuple[str, ...]:
-    # Read at each use: a checker may be imported after jaxtyping_shard.
-    return tuple(
+    # Read again whenever a module was imported since (a checker may be imported
+    # after jaxtyping_shard). Made afresh at every frame, the tuple cost a third
+    # of the trace time of a scheduled Auto check (figure 5 of benchmarks/).
+    global _skip_cache
+    count, dirs = _skip_cache
+    if count == len(sys.modules):
+        return dirs
+    count = len(sys.modules)
+    dirs = tuple(
         os.path.dirname(str(m.__file__)) + os.sep
         for m in (
             sys.modules[_PACKAGE],
@@ -38,6 +48,8 @@ def _skip_dirs() -> tuple[str, ...]:
         )
         if m is not None and getattr(m, "__file__", None)
     )
+    _skip_cache = (count, dirs)
+    return dirs
 
 
 @dataclass(frozen=True)

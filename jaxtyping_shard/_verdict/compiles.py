@@ -9,6 +9,7 @@ every mismatch of that compile is raised as one `ShardingTypeCheckError`, in tra
 order, through plain `jax.jit` as well as `jaxtyping_shard.jit`.
 """
 
+import inspect
 import re
 import threading
 import time
@@ -302,19 +303,29 @@ _EXPORT_MESSAGE = (
 
 def _lower(ctx: Any, value: Any, *, check: Any, batch_dims: tuple[int, ...]) -> list:
     module = ctx.module_context
-    name = _lowered_name(module)
     if getattr(module.lowering_parameters, "for_export", False):
+        name = _lowered_name(module)
         function = name[4:] if name.startswith("jit_") else name
         raise ExportNotSupported(_EXPORT_MESSAGE.format(name=function))
-    compile_ = compile_of(module.cached_primitive_lowerings, name)
+    # The module's name is read once per module: reading it from the MLIR module
+    # cost 60 µs a check (a third of our lowering time, figure 5).
+    compile_ = module.cached_primitive_lowerings.get(_COMPILE_KEY)
+    if compile_ is None:
+        compile_ = compile_of(module.cached_primitive_lowerings, _lowered_name(module))
     index = compile_.register(check, batch_dims)
     _custom_call.emit(ctx, value, compile_, index, check.mesh)
     return []
 
 
 # Registered here, not with the primitive: the lowering is where a check meets its
-# compile (this module's registry) and its custom call.
-mlir.register_lowering(_primitive.check_sharding_p, _lower)
+# compile (this module's registry) and its custom call. Not cacheable: every check
+# is a different `check` parameter, so JAX's lowering cache (JAX 0.9+) never hits,
+# and each miss emitted the rule as a function of its own before inlining it:
+# 0.2 ms a check, 20 ms of a 100-check lowering (figure 5 of benchmarks/). Lowered
+# inline, the rule also runs for every equation, which registering needs.
+_CACHEABLE = "cacheable" in inspect.signature(mlir.register_lowering).parameters
+_NOT_CACHEABLE: dict[str, Any] = {"cacheable": False} if _CACHEABLE else {}
+mlir.register_lowering(_primitive.check_sharding_p, _lower, **_NOT_CACHEABLE)
 
 
 def _lowered_name(module_context: Any) -> str:

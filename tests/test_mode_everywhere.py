@@ -1,0 +1,171 @@
+"""The eager hot path reads the mode from `MODE.everywhere` (one list item) while
+every thread sees the same mode, and from JAX's thread-local state otherwise: the
+two must never disagree, whatever the order of scopes, defaults and threads."""
+
+import threading
+
+import pytest
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+from jaxtyping_shard._core.modes import MODE, mode_reader, VARIES
+
+from .helpers import place
+
+
+def _everywhere() -> object:
+    return MODE.everywhere[0]
+
+
+def _agrees() -> None:
+    # Wherever the list says a value, it is the one JAX's state gives this thread.
+    value = _everywhere()
+    if value is not VARIES:
+        assert value == mode_reader.value
+
+
+def test_default_and_scopes_of_the_same_mode_are_uniform():
+    assert _everywhere() == "check"
+    with jts.set_mode("check"):
+        assert _everywhere() == "check"
+        _agrees()
+    assert _everywhere() == "check"
+
+
+def test_a_scope_of_another_mode_varies_until_closed():
+    with jts.set_mode("off"):
+        assert _everywhere() is VARIES
+        assert mode_reader.value == "off"
+        with jts.set_mode("check"):
+            assert _everywhere() is VARIES  # the "off" scope is still open
+        assert _everywhere() is VARIES
+    assert _everywhere() == "check"
+
+
+def test_default_changes_are_seen():
+    previous = MODE.get_default()
+    try:
+        jts.set_mode("off")
+        assert _everywhere() == "off"
+        _agrees()
+        with jts.set_mode("off"):  # same as the default: still uniform
+            assert _everywhere() == "off"
+        with jts.set_mode("warn"):
+            assert _everywhere() is VARIES
+        assert _everywhere() == "off"
+    finally:
+        jts.set_mode(previous)
+    assert _everywhere() == previous
+
+
+def test_scopes_closed_out_of_order():
+    outer = MODE.push("off")
+    inner = MODE.push("warn")
+    try:
+        MODE.pop(outer)
+        assert mode_reader.value == "warn"
+        assert _everywhere() is VARIES
+    finally:
+        MODE.pop(inner)
+    assert _everywhere() == "check"
+    _agrees()
+
+
+def test_an_unopened_token_changes_nothing():
+    token = MODE.push("off")
+    MODE.pop(token)
+    with pytest.raises(RuntimeError, match="not open"):
+        MODE.pop(token)
+    assert _everywhere() == "check"
+
+
+@pytest.mark.parametrize("mesh_kind", ["explicit", "auto"])
+def test_off_in_one_thread_checks_in_another(mesh_kind, mesh_explicit, mesh_auto):
+    # A thread in mode "off" must not switch off the eager checks of another
+    # thread, before, during and after its scope (warm caches included).
+    mesh = mesh_explicit if mesh_kind == "explicit" else mesh_auto
+    A = Float[Array, "b e", P("data", None)]
+    good = place(mesh, (8, 4), P("data", None))
+    bad = place(mesh, (8, 4), P("model", None))
+    assert isinstance(good, A) and not isinstance(bad, A)  # warm: `_jts_last` set
+    opened, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def other() -> None:
+        with jts.set_mode("off"):
+            seen["other sees bad"] = isinstance(bad, A)
+            opened.set()
+            release.wait(10)
+            seen["other sees bad, later"] = isinstance(bad, A)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert opened.wait(10)
+        assert _everywhere() is VARIES
+        assert mode_reader.value == "check"
+        assert not isinstance(bad, A)
+        assert isinstance(good, A)
+    finally:
+        release.set()
+        thread.join(10)
+    assert seen == {"other sees bad": True, "other sees bad, later": True}
+    assert _everywhere() == "check"
+    assert not isinstance(bad, A)
+
+
+def test_off_nowhere_flag_follows_every_way_to_mode_off():
+    from jaxtyping_shard._core.modes import mode_flags
+
+    assert mode_flags.off_nowhere
+    with jts.set_mode("warn"):  # not off: cached passes still need no mode read
+        assert mode_flags.off_nowhere
+    with jts.set_mode("off"):
+        assert not mode_flags.off_nowhere
+        with jts.set_mode("check"):
+            assert not mode_flags.off_nowhere  # the outer "off" scope is open
+    assert mode_flags.off_nowhere
+    previous = MODE.get_default()
+    try:
+        jts.set_mode("off")
+        assert not mode_flags.off_nowhere
+    finally:
+        jts.set_mode(previous)
+    assert mode_flags.off_nowhere
+
+
+@pytest.mark.parametrize("how", ["scope", "default"])
+def test_off_skips_a_mismatch_with_a_warm_annotation(how, mesh_explicit):
+    # Warm `_jts_last` with a good array, then in mode off a mis-sharded one
+    # passes (sharding not looked at) and after it is refused again.
+    A = Float[Array, "b e", P("data", None)]
+    good = place(mesh_explicit, (8, 4), P("data", None))
+    bad = place(mesh_explicit, (8, 4), P("model", None))
+    assert isinstance(good, A) and not isinstance(bad, A)
+    if how == "scope":
+        with jts.set_mode("off"):
+            assert isinstance(bad, A) and isinstance(good, A)
+            assert not isinstance(place(mesh_explicit, (8,), P("data")), A)
+    else:
+        previous = MODE.get_default()
+        try:
+            jts.set_mode("off")
+            assert _everywhere() == "off"
+            assert isinstance(bad, A) and isinstance(good, A)
+            assert not isinstance(place(mesh_explicit, (8,), P("data")), A)
+        finally:
+            jts.set_mode(previous)
+    assert not isinstance(bad, A) and isinstance(good, A)
+
+
+def test_closed_scopes_leave_nothing_behind():
+    # A ContextState whose every scope has a new value (the trace token of
+    # `collecting`) must not keep one entry per scope ever opened.
+    from jaxtyping_shard._core.failures import _TRACE_TOKEN
+
+    for _ in range(50):
+        _TRACE_TOKEN.pop(_TRACE_TOKEN.push(object()))
+    assert not _TRACE_TOKEN._open
+    assert _TRACE_TOKEN.possible == frozenset((_TRACE_TOKEN.get_default(),))

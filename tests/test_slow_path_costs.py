@@ -1,0 +1,108 @@
+"""Costs found by profiling the compile-time figures (benchmarks/README.md), kept
+fixed: the library directories are not recomputed at every frame of a stack walk,
+and the compile-time check is lowered inline (no function per check)."""
+
+import os
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax._src.interpreters import mlir  # the lowering cache's private set
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array
+
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+from jaxtyping_shard._core import site
+from jaxtyping_shard._verdict import compiles, primitive
+
+from .helpers import place
+
+
+def test_skip_dirs_cached_until_a_module_is_imported(tmp_path, monkeypatch):
+    first = site._skip_dirs()
+    assert site._skip_dirs() is first  # cached: not made afresh per frame
+    # A library imported later (here: a stand-in `chex`) is skipped from then on.
+    fake = types.ModuleType("chex")
+    fake.__file__ = str(tmp_path / "chex" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "chex", fake)
+    later = site._skip_dirs()
+    assert str(tmp_path / "chex") + os.sep in later
+    assert site.is_library_file(str(tmp_path / "chex" / "core.py"))
+    monkeypatch.delitem(sys.modules, "chex")
+    assert str(tmp_path / "chex") + os.sep not in site._skip_dirs()
+
+
+@pytest.mark.skipif(
+    not compiles._CACHEABLE, reason="this JAX has no lowering cache to opt out of"
+)
+def test_check_lowered_inline():
+    assert primitive.check_sharding_p in mlir._uncacheable_primitives
+
+
+def test_every_check_of_a_chain_still_runs(mesh_auto):
+    # Inline lowering runs the rule for each equation: each of the 5 checks is
+    # registered with its compile, so a wrong sharding at any link is caught.
+    x = place(mesh_auto, (8, 4), P("data", None))
+    for bad_link in range(5):
+
+        def f(x, bad_link=bad_link):
+            y = x
+            for i in range(5):
+                y = jnp.sin(y)
+                spec = P("model", None) if i == bad_link else P("data", None)
+                assert isinstance(y, Float[Array, "b e", spec])
+            return y
+
+        jax.clear_caches()
+        wrong = (
+            r"1 sharding mismatch.*test_slow_path_costs.py:\d+"
+            r".*8@data,4\]`, not P\('model'"
+        )
+        with pytest.raises(jts.ShardingTypeCheckError, match=wrong):
+            with jts.sharding_errors():
+                jax.jit(f).lower(x).compile()
+    jax.clear_caches()
+
+    def ok(x):
+        y = x
+        for _ in range(5):
+            y = jnp.sin(y)
+            assert isinstance(y, Float[Array, "b e", P("data", None)])
+        return y
+
+    with jts.sharding_errors():
+        jax.jit(ok).lower(x).compile()
+
+
+def test_a_long_block_is_merged_into_calls_of_at_most_64_checks(mesh_auto):
+    # XLA's compile of one call grows faster than its operands: 150 checks in one
+    # block are 3 calls (64 + 64 + 22), and a mismatch in the last one is found.
+    from jaxtyping_shard._verdict import custom_call
+
+    x = place(mesh_auto, (8, 4), P("data", None))
+
+    def chain(bad_at: int):
+        def f(x):
+            y = x
+            for i in range(150):
+                y = jnp.sin(y)
+                spec = P("model", None) if i == bad_at else P("data", None)
+                assert isinstance(y, Float[Array, "b e", spec])
+            return y
+
+        return f
+
+    assert custom_call._MERGE_LIMIT == 64
+    jax.clear_caches()
+    text = jax.jit(chain(-1)).lower(x).as_text()
+    assert text.count(f"custom_call @{custom_call.CALL_TARGET}(") == 3
+    with jts.sharding_errors():
+        jax.jit(chain(-1)).lower(x).compile()
+    for bad_at in (0, 63, 64, 149):
+        jax.clear_caches()
+        with pytest.raises(jts.ShardingTypeCheckError, match="1 sharding mismatch"):
+            with jts.sharding_errors():
+                jax.jit(chain(bad_at)).lower(x).compile()
