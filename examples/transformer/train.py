@@ -49,13 +49,15 @@ def micro_batches(batch: Batch) -> Batch:
     return jax.tree.map(split, batch)
 
 
-# `jts.Like["params"]`: the optimiser state is laid out as the parameters (each
+# `jts.Like["params"]`: the optimiser state laid out as the parameters (each
 # moment as its parameter, counts replicated): checked at the boundary by key
-# path, and the shardings `jit` is given, with no annotation of its own.
+# path, and the shardings `jit` is given, with no annotation of its own. Spelt
+# `" params"`: a linter reads a bare name in a string annotation as a forward
+# reference (the spaces are dropped).
 @jts.jit(in_shardings="annotations", out_shardings="annotations")
 def train_step(
-    params: Transformer, opt_state: jts.Like["params"], batch: Batch
-) -> tuple[Transformer, jts.Like["params"], Scalar]:
+    params: Transformer, opt_state: jts.Like[" params"], batch: Batch
+) -> tuple[Transformer, jts.Like[" params"], Scalar]:
     grad_fn = eqx.filter_value_and_grad(loss_fn)
 
     def accumulate(carry, micro: Batch):
