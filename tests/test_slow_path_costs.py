@@ -22,6 +22,8 @@ from .helpers import place
 
 
 def test_skip_dirs_cached_until_a_module_is_imported(tmp_path, monkeypatch):
+    # Whether or not the real chex was imported (optax imports it), start without.
+    monkeypatch.delitem(sys.modules, "chex", raising=False)
     first = site._skip_dirs()
     assert site._skip_dirs() is first  # cached: not made afresh per frame
     # A library imported later (here: a stand-in `chex`) is skipped from then on.
