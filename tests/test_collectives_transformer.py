@@ -38,6 +38,10 @@ class Planted(NamedTuple):
     # Where on Auto meshes XLA carries the layout back into an annotated value,
     # so the annotations catch it before any report.
     caught_on_auto: bool = False
+    # Where from JAX 0.12 the new collective is made at the op that produced the
+    # value the mutated line lays out (its layout propagates back onto that op,
+    # which then gathers its operands): that op's line, as written in the file.
+    producer_from_0_12: str = ""
 
 
 PLANTED = {
@@ -62,6 +66,7 @@ PLANTED = {
         ("all-gather",),
         "data",
         caught_on_auto=True,  # the gradients' check names them, replicated
+        producer_from_0_12="loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))",
     ),
     # A concatenate over a sharded dim (the heads, split over `model`).
     "concatenate_over_sharded_dim": Planted(
@@ -115,11 +120,6 @@ def test_reference_step_matches_its_baseline_and_is_explained(kind):
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_mis_sharding_is_a_new_collective_at_its_line(root, name, kind):  # noqa: F811
     planted = PLANTED[name]
-    if name == "optimizer_updates_replicated" and compat.JAX_VERSION >= (0, 12):
-        pytest.xfail(
-            "JAX 0.12: the report of this plant differs from the expected one; "
-            "not yet examined (stop 29's note)"
-        )
     package = mutate(f"collectives_{name}_{kind}", planted, root)
     module = importlib.import_module(f"{package}.collectives")
     if planted.refused_on_explicit and kind == "explicit":
@@ -136,10 +136,13 @@ def test_planted_mis_sharding_is_a_new_collective_at_its_line(root, name, kind):
     else:
         report = module.report(kind)
     path = root / package / planted.file
+    expected = planted.new
+    if planted.producer_from_0_12 and compat.JAX_VERSION >= (0, 12):
+        expected = planted.producer_from_0_12
     (line,) = [
         i
         for i, text in enumerate(path.read_text().splitlines(), 1)
-        if text.strip() == planted.new
+        if text.strip() == expected
     ]
     with pytest.raises(jts.CollectiveBudgetError) as caught:
         report.check(reference.BASELINE)
@@ -151,7 +154,7 @@ def test_planted_mis_sharding_is_a_new_collective_at_its_line(root, name, kind):
         k for k in planted.kinds if any(f"new: {k} over" in p for p in at_line)
     } == (set(planted.kinds)), at_line
     assert f"new: {planted.kinds[0]} over {planted.over}," in "\n".join(at_line)
-    assert planted.new in "\n".join(at_line)  # the line's text, as written
+    assert expected in "\n".join(at_line)  # the line's text, as written
     if name == "attention_weights_gathered" and compat.hlo_stack_frames_usable():
         # The simple bound: no all-gather over `data` outside the functions
         # that gather the weights catches it too, naming `attend`.
