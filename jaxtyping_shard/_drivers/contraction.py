@@ -16,6 +16,7 @@ from jax.sharding import AxisType, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
+from .._layout.spec import entries_of
 
 
 def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
@@ -129,13 +130,9 @@ def _explicit_entries(x: Any) -> Optional[tuple]:
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if not explicit:
         return None
-    out = []
-    for entry in tuple(aval.sharding.spec) + (None,) * (
-        aval.ndim - len(aval.sharding.spec)
-    ):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        out.append(tuple(a for a in axes if a in explicit))
-    return tuple(out)
+    entries = entries_of(aval.sharding.spec)
+    entries += ((),) * (aval.ndim - len(entries))
+    return tuple(tuple(a for a in axes if a in explicit) for axes in entries)
 
 
 def _axes(axes: tuple) -> str:

@@ -9,7 +9,7 @@ it once, from an annotation resolved by the one path of `_bridge` (logical names
 through the rules in force).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import jax
@@ -20,7 +20,7 @@ from .._annotation.used import used_annotation
 from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
-from .._layout.spec import has_sharding, LogicalLayout
+from .._layout.spec import entries_of, has_sharding, LogicalLayout
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
@@ -88,18 +88,7 @@ def reshard(
     sharding or names an axis the mesh lacks, or the value is inside `shard_map`
     (`Manual` axes); `ValueError` when no mesh is known.
     """
-    if (annotation is not None and not stacked) and (
-        isinstance(annotation, (PartitionSpec, NamedSharding))
-        or _hints.leaf_annotation(annotation) is not None
-    ):
-        return jax.tree.map(lambda leaf: _reshard_leaf(leaf, annotation), x)
-    leaves, plan = _tree.plan_for(x, annotation, stacked=stacked)
-    _tree.refuse_problems(leaves, plan, "reshard", "x")
-    out = [
-        leaf if not has_sharding(a) else _reshard_leaf(leaf, a)
-        for leaf, a in zip(leaves, plan.annotations)
-    ]
-    return jax.tree_util.tree_unflatten(plan.treedef, out)
+    return _each_leaf(x, annotation, stacked, _reshard_leaf, "reshard")
 
 
 def as_used(x: Any, annotation: Any = None) -> Any:
@@ -137,15 +126,27 @@ def as_used(x: Any, annotation: Any = None) -> Any:
 
     **Raises:** as [`jaxtyping_shard.reshard`][].
     """
-    if annotation is not None and (
+    return _each_leaf(x, annotation, None, _as_used_leaf, "as_used")
+
+
+def _each_leaf(
+    x: Any,
+    annotation: Any,
+    stacked: Optional[Mapping[str, Any]],
+    lay_out: Callable[[Any, Any], Any],
+    caller: str,
+) -> Any:
+    """`lay_out(leaf, its annotation)` on every annotated leaf of `x`: one
+    annotation for every leaf, or each leaf's own from the tree's walk."""
+    if (annotation is not None and not stacked) and (
         isinstance(annotation, (PartitionSpec, NamedSharding))
         or _hints.leaf_annotation(annotation) is not None
     ):
-        return jax.tree.map(lambda leaf: _as_used_leaf(leaf, annotation), x)
-    leaves, plan = _tree.plan_for(x, annotation)
-    _tree.refuse_problems(leaves, plan, "as_used", "x")
+        return jax.tree.map(lambda leaf: lay_out(leaf, annotation), x)
+    leaves, plan = _tree.plan_for(x, annotation, stacked=stacked)
+    _tree.refuse_problems(leaves, plan, caller, "x")
     out = [
-        leaf if not has_sharding(a) else _as_used_leaf(leaf, a)
+        leaf if not has_sharding(a) else lay_out(leaf, a)
         for leaf, a in zip(leaves, plan.annotations)
     ]
     return jax.tree_util.tree_unflatten(plan.treedef, out)
@@ -277,8 +278,7 @@ def _value_mesh(x: Any) -> Any:
 def _only(spec: PartitionSpec, keep: frozenset) -> PartitionSpec:
     """`spec` with only the axes in `keep`: each API takes axes of its own type."""
     entries = []
-    for entry in spec:
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    for axes in entries_of(spec):
         kept = tuple(a for a in axes if a in keep)
         entries.append(kept[0] if len(kept) == 1 else kept or None)
     return PartitionSpec(*entries)
