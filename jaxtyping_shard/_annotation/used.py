@@ -6,16 +6,15 @@ only by tensor parallelism). The rules table says which names FSDP shards
 so the stored annotation is written once and the "as used" one derived.
 """
 
-import types
 from typing import Any, get_args, get_origin, NoReturn, Union
 
 from .._core.errors import ShardingAnnotationError
+from .dtypes import _TWIN_LIMIT, _UNION_TYPES
 from .._layout.logical import AsUsed
 from .._layout.spec import LogicalLayout
 
 
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
-_MADE: dict = {}
+_UNIONS: dict = {}  # a union annotation -> its "as used" form
 
 
 class _UsedMeta(type):
@@ -76,19 +75,28 @@ Used.__module__ = "jaxtyping_shard"
 
 
 def used_annotation(annotation: Any, where: str = "jts.Used[...]") -> Any:
-    """`annotation` read as used (the same object for the same annotation)."""
+    """`annotation` read as used (the same object for the same annotation).
+
+    An annotation class keeps its "as used" form as an attribute (it lives as
+    long as the class); a union's is kept in a bounded table.
+    """
+    if get_origin(annotation) not in _UNION_TYPES:
+        made = getattr(annotation, "__dict__", {}).get("_jts_used")
+        if made is None:
+            made = _one(annotation, where)
+            annotation._jts_used = made
+        return made
     try:
-        return _MADE[annotation]
+        return _UNIONS[annotation]
     except (KeyError, TypeError):
         pass
-    if get_origin(annotation) in _UNION_TYPES:
-        members = get_args(annotation)
-        if not any(hasattr(m, "_jts") for m in members):
-            _refuse(annotation, where, "has no sharding")
-        out = Union[tuple(_one(m, where) if hasattr(m, "_jts") else m for m in members)]
-    else:
-        out = _one(annotation, where)
-    _MADE[annotation] = out
+    members = get_args(annotation)
+    if not any(hasattr(m, "_jts") for m in members):
+        _refuse(annotation, where, "has no sharding")
+    out = Union[tuple(_one(m, where) if hasattr(m, "_jts") else m for m in members)]
+    if len(_UNIONS) >= _TWIN_LIMIT:
+        _UNIONS.clear()
+    _UNIONS[annotation] = out
     return out
 
 
