@@ -159,3 +159,28 @@ def test_import_does_not_initialise_jax():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("mode", ["check", "off"])
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_make_transparent_passes_every_value_of_that_annotation_only(
+    request, kind, mode
+):
+    # jaxtyping's `jaxtyped` makes a generator's return hints transparent. The
+    # hot path of an annotation reads no flag for it, so the flag must reach it
+    # through the base class jaxtyping's part of the check runs on; the base is
+    # jaxtyping's own class (shared with plain annotations), which must not change.
+    mesh = request.getfixturevalue(f"mesh_{kind}")
+    wrong = place(mesh, (8, 4), P("model", None))
+    transparent = Float[Array, "b e", P("data", None)]
+    other = Float[Array, "b e", P("data", None)]
+    plain = jaxtyping.Float[Array, "b e"]
+    with jts.set_mode(mode):
+        assert isinstance(wrong, transparent) == (mode == "off")
+        transparent.make_transparent()
+        for value in (wrong, jax.numpy.zeros(3), np.zeros(3), "not an array"):
+            assert isinstance(value, transparent)
+        assert transparent is not other
+        assert isinstance(wrong, other) == (mode == "off")
+        assert not isinstance(np.zeros(3), other)
+        assert not isinstance(np.zeros(3), plain)

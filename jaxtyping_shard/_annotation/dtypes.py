@@ -6,7 +6,6 @@ jaxtyping's own shape/dtype check, then the sharding check of `_verdict.check`.
 """
 
 import copyreg
-import types
 import typing
 from typing import Any, get_args, get_origin, Union
 
@@ -21,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from .._core.compat import ARRAY_IMPL
+from .._core.compat import ARRAY_IMPL, UNION_TYPES
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_everywhere, mode_flags, mode_reader, VARIES
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
@@ -36,25 +35,19 @@ from . import typeguard as _typeguard
 # jaxtyping's metaclasses are not exported; take them from public objects.
 _JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
 _JaxtypingDtypeMeta: Any = type(jaxtyping.AbstractDtype)
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 
 
 class _MetaShardedArray(_JaxtypingArrayMeta):
     """Metaclass of sharded annotations: jaxtyping's check, then the sharding."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        # What `isinstance` (and so beartype's wrappers) calls: kept as shallow as
-        # jaxtyping's own. Every step below was counted in machine instructions
-        # (callgrind, a one-argument jaxtyped call: about 52,000 per check), as
-        # timings on a shared machine cannot tell 100 ns apart; see
-        # benchmarks/README.md, "Figures 1, 2, 5 and 16, measured".
-        # A `jax.Array` is told by its class alone (`isinstance(obj, Tracer)` and
-        # `obj.sharding` cost 4x a class test and an attribute read).
+        # What `isinstance` (so beartype) calls, as shallow as jaxtyping's own;
+        # each step counted in machine instructions (benchmarks/README.md,
+        # "Figures 1, 2, 5 and 16, measured"). A `jax.Array` is told by its class
+        # (`isinstance(obj, Tracer)` and `.sharding` cost 4x that).
         if obj.__class__ is ARRAY_IMPL:
-            if cls._skip_instancecheck:
-                return True
-            # jaxtyping's check on the unsharded base class (same dims; skips our
-            # `_check_shape`, which only matters for tracers).
+            # jaxtyping's check on the unsharded base (same dims; not our
+            # `_check_shape`, for tracers only; transparent: `make_transparent`).
             if _jaxtyping_instancecheck_str(cls._jts_base, obj):
                 return False
             # While no thread can be in mode "off" (a flag: no mode read), the
@@ -89,6 +82,17 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
 
     def __instancecheck_str__(cls, obj: Any) -> str:
         return _jaxtyping_instancecheck_str(cls, obj) or cls._jts_sharding_str(obj)
+
+    def make_transparent(cls) -> None:
+        """Every value passes (jaxtyped's doing, for a generator's return hint):
+        the base class (jaxtyping's, shared) is swapped for a transparent
+        subclass, so the hot path reads no flag of its own."""
+        if not cls._skip_instancecheck:
+            base = cls._jts_base
+            transparent = type(base)(base.__name__, (base,), {})
+            transparent._skip_instancecheck = True
+            cls._jts_base = transparent
+        cls._skip_instancecheck = True
 
     def _jts_sharding_str(cls, obj: Any) -> str:
         """The sharding part of the check, after jaxtyping's has passed."""
@@ -288,7 +292,7 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
 def _refuse_sharded_base(array_type: Any, where: str) -> None:
     members = (
         get_args(array_type)
-        if get_origin(array_type) in _UNION_TYPES
+        if get_origin(array_type) in UNION_TYPES
         else (array_type,)
     )
     for member in members:
@@ -322,7 +326,7 @@ def _apply(
 
     if isinstance(base, type) and issubclass(base, jaxtyping.AbstractArray):
         return wrap(base)
-    if get_origin(base) in _UNION_TYPES:
+    if get_origin(base) in UNION_TYPES:
         members = []
         for member in get_args(base):
             if isinstance(member, type) and issubclass(member, jaxtyping.AbstractArray):

@@ -8,13 +8,14 @@ so the stored annotation is written once and the "as used" one derived.
 
 from typing import Any, get_args, get_origin, NoReturn, Union
 
+from .._core.compat import UNION_TYPES as _UNION_TYPES
 from .._core.errors import ShardingAnnotationError
-from .dtypes import _TWIN_LIMIT, _UNION_TYPES
 from .._layout.logical import AsUsed
 from .._layout.spec import LogicalLayout
 
 
 _UNIONS: dict = {}  # a union annotation -> its "as used" form
+_UNIONS_LIMIT = 1024  # as for the physical twins of `dtypes`
 
 
 class _UsedMeta(type):
@@ -94,7 +95,7 @@ def used_annotation(annotation: Any, where: str = "jts.Used[...]") -> Any:
     if not any(hasattr(m, "_jts") for m in members):
         _refuse(annotation, where, "has no sharding")
     out = Union[tuple(_one(m, where) if hasattr(m, "_jts") else m for m in members)]
-    if len(_UNIONS) >= _TWIN_LIMIT:
+    if len(_UNIONS) >= _UNIONS_LIMIT:
         _UNIONS.clear()
     _UNIONS[annotation] = out
     return out
