@@ -66,7 +66,9 @@ PLANTED = {
         ("all-gather",),
         "data",
         caught_on_auto=True,  # the gradients' check names them, replicated
-        producer_from_0_12="loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))",
+        producer_from_0_12=(
+            "loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))"
+        ),
     ),
     # A concatenate over a sharded dim (the heads, split over `model`).
     "concatenate_over_sharded_dim": Planted(
