@@ -1,8 +1,22 @@
-import pytest
+import os
 
-import jaxtyping_shard as jts
 
-from .helpers import CHECKERS
+# The suite compiles hundreds of programs, and XLA's CPU backend optimises each
+# one's machine code. No check lives there (they run while JAX traces and while
+# XLA partitions the HLO, which this flag leaves alone), so the tests compile
+# with it off: about a quarter of the suite's time (benchmarks/ never set it).
+# Before JAX creates its CPU client, which reads XLA_FLAGS once; subprocesses of
+# the tests inherit it.
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+if _FAST_COMPILE not in _FLAGS:
+    os.environ["XLA_FLAGS"] = f"{_FLAGS} {_FAST_COMPILE}".strip()
+
+import pytest  # noqa: E402
+
+import jaxtyping_shard as jts  # noqa: E402
+
+from .helpers import CHECKERS  # noqa: E402
 
 
 @pytest.fixture(params=CHECKERS)
