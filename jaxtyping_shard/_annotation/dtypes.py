@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from .._core.compat import ARRAY_IMPL, UNION_TYPES
+from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_everywhere, mode_flags, mode_reader, VARIES
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
@@ -292,7 +292,7 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
 def _refuse_sharded_base(array_type: Any, where: str) -> None:
     members = (
         get_args(array_type)
-        if get_origin(array_type) in UNION_TYPES
+        if get_origin(array_type) in _spec.UNION_TYPES
         else (array_type,)
     )
     for member in members:
@@ -326,7 +326,7 @@ def _apply(
 
     if isinstance(base, type) and issubclass(base, jaxtyping.AbstractArray):
         return wrap(base)
-    if get_origin(base) in UNION_TYPES:
+    if get_origin(base) in _spec.UNION_TYPES:
         members = []
         for member in get_args(base):
             if isinstance(member, type) and issubclass(member, jaxtyping.AbstractArray):

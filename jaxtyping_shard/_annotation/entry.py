@@ -12,10 +12,9 @@ then are those the array's shape cannot change (`resolve.check_resolvable`).
 """
 
 import inspect
-import types
 import typing
 from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import jax
 import jaxtyping
@@ -25,10 +24,10 @@ from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_reader
 from .._layout import resolve as _resolve
+from .._layout.spec import UNION_TYPES
 from .._rules.scope import current as _current_rules
 
 
-_UNIONS: tuple[Any, ...] = (Union, types.UnionType)
 _PYTREE: Any = type(jaxtyping.PyTree[int])
 _SEEN_LIMIT = 64
 
@@ -120,7 +119,7 @@ def logical_annotations(hint: Any, fields: Optional[Callable] = None) -> list:
         origin = typing.get_origin(h)
         if origin is typing.Annotated:
             visit(typing.get_args(h)[0], depth + 1)
-        elif origin in _UNIONS:
+        elif origin in UNION_TYPES:
             members = [m for m in typing.get_args(h) if m is not type(None)]
             if len(members) == 1:
                 visit(members[0], depth + 1)

@@ -8,10 +8,9 @@ so the stored annotation is written once and the "as used" one derived.
 
 from typing import Any, get_args, get_origin, NoReturn, Union
 
-from .._core.compat import UNION_TYPES as _UNION_TYPES
 from .._core.errors import ShardingAnnotationError
 from .._layout.logical import AsUsed
-from .._layout.spec import LogicalLayout
+from .._layout.spec import LogicalLayout, UNION_TYPES
 
 
 _UNIONS: dict = {}  # a union annotation -> its "as used" form
@@ -81,7 +80,7 @@ def used_annotation(annotation: Any, where: str = "jts.Used[...]") -> Any:
     An annotation class keeps its "as used" form as an attribute (it lives as
     long as the class); a union's is kept in a bounded table.
     """
-    if get_origin(annotation) not in _UNION_TYPES:
+    if get_origin(annotation) not in UNION_TYPES:
         made = getattr(annotation, "__dict__", {}).get("_jts_used")
         if made is None:
             made = _one(annotation, where)

@@ -8,9 +8,8 @@ import contextlib
 import importlib
 import os
 import re
-import types
 from collections.abc import Iterator
-from typing import Any, Union
+from typing import Any
 
 import jax
 from jax._src.array import ArrayImpl as _ArrayImpl  # the eager hot path
@@ -65,8 +64,6 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in match.group().split(".")) if match else ()
 
 
-# `Union[A, B]` and `A | B`: what `typing.get_origin` of a union hint returns.
-UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 JAX_VERSION: tuple[int, ...] = _version(jax.__version__)
 
 

@@ -15,7 +15,9 @@ from typing import Any, Optional, Union
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
+# `Union[A, B]` and `A | B`: what `typing.get_origin` of a union hint returns
+# (the one definition; every module that asks imports it from here).
+UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 
 
 # One entry per array dim: the mesh axes that dim is split over, in order.
@@ -279,7 +281,7 @@ def sharded_members(annotation: Any) -> tuple[Any, ...]:
     """The sharded annotation classes in `annotation` (several for a union)."""
     if hasattr(annotation, "_jts"):
         return (annotation,)
-    if typing.get_origin(annotation) in _UNION_TYPES:
+    if typing.get_origin(annotation) in UNION_TYPES:
         return tuple(m for m in typing.get_args(annotation) if hasattr(m, "_jts"))
     return ()
 

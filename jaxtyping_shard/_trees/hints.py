@@ -12,9 +12,8 @@ import collections.abc
 import dataclasses
 import functools as ft
 import re
-import types
 import typing
-from typing import Any, Union
+from typing import Any
 
 import jaxtyping
 from jax.sharding import NamedSharding, PartitionSpec
@@ -22,7 +21,7 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from .._core.errors import ShardingAnnotationError
 from .._core.failures import warn_at_user_line
-from .._layout.spec import format_spec, sharded_members
+from .._layout.spec import format_spec, sharded_members, UNION_TYPES
 from .._layout.validate import validate_spec
 from . import reading as _reading
 
@@ -35,7 +34,6 @@ MAPPINGS = (
     collections.OrderedDict,
     collections.defaultdict,
 )
-UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
 PyTreeMeta: Any = type(jaxtyping.PyTree[int])
 # Qualifiers of a TypedDict's keys, peeled off as `Annotated` is.
 _QUALIFIERS: tuple[Any, ...] = tuple(

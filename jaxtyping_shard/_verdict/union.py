@@ -9,7 +9,6 @@ checker's frames (see `_core.site.find_hints`), and the compile-time check then 
 any member whose shape and dtype fit.
 """
 
-import types
 import typing
 from typing import Any
 
@@ -18,9 +17,9 @@ from jaxtyping._storage import get_shape_memo
 
 from .._core.errors import ShardingAnnotationError
 from .._core.site import find_hints
+from .._layout.spec import UNION_TYPES
 
 
-_UNION_TYPES = (typing.Union, types.UnionType)
 # jaxtyping's metaclass of array annotations; its check is shape and dtype only.
 _JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jaxtyping.Array, "..."])
 
@@ -114,7 +113,7 @@ def _unions_holding(hint: Any, cls: Any) -> tuple[list, bool]:
             bare = bare or not in_union
             return
         args = typing.get_args(node)
-        is_union = typing.get_origin(node) in _UNION_TYPES
+        is_union = typing.get_origin(node) in UNION_TYPES
         if is_union and any(_is_member(a, cls) for a in args):
             groups.append(args)
         leaf = getattr(node, "leaftype", None)  # jaxtyping's `PyTree[T]`
