@@ -151,3 +151,15 @@ def test_memory_kind_is_not_part_of_the_annotation(kind, request):
         bad(x)
     if kind == "explicit":
         assert _traced_verdicts(x, ROWS, COLS) == [True, False]
+
+
+def test_only_axes_keeps_the_named_axes_of_each_dim():
+    # The one helper `reshard` (axes of one type) and `typed_shard_map` (its
+    # manual axes) cut a spec with.
+    from jaxtyping_shard._layout.spec import only_axes
+
+    spec = P(("data", "model"), "model", None, "data")
+    assert only_axes(spec, frozenset({"data"})) == P("data", None, None, "data")
+    assert only_axes(spec, frozenset({"model"})) == P("model", "model", None, None)
+    assert only_axes(spec, frozenset({"data", "model"})) == spec
+    assert only_axes(spec, frozenset()) == P(None, None, None, None)

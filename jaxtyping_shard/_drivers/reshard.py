@@ -20,7 +20,7 @@ from .._annotation.used import used_annotation
 from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
-from .._layout.spec import entries_of, has_sharding, LogicalLayout
+from .._layout.spec import has_sharding, LogicalLayout, only_axes
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
@@ -213,7 +213,7 @@ def out_sharding(
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if not explicit:
         return None
-    return _only(spec, explicit)
+    return only_axes(spec, explicit)
 
 
 def _reshard_leaf(x: Any, annotation: Any) -> Any:
@@ -262,9 +262,10 @@ def _reshard_leaf(x: Any, annotation: Any) -> Any:
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)
     if explicit:
-        x = jax.sharding.reshard(x, _only(spec, explicit))
+        x = jax.sharding.reshard(x, only_axes(spec, explicit))
     if auto:
-        x = jax.lax.with_sharding_constraint(x, _only(spec, auto) if explicit else spec)
+        constrained = only_axes(spec, auto) if explicit else spec
+        x = jax.lax.with_sharding_constraint(x, constrained)
     return x
 
 
@@ -274,11 +275,3 @@ def _value_mesh(x: Any) -> Any:
         return sharding.mesh
     return _bridge.resolve_mesh(None, "reshard")
 
-
-def _only(spec: PartitionSpec, keep: frozenset) -> PartitionSpec:
-    """`spec` with only the axes in `keep`: each API takes axes of its own type."""
-    entries = []
-    for axes in entries_of(spec):
-        kept = tuple(a for a in axes if a in keep)
-        entries.append(kept[0] if len(kept) == 1 else kept or None)
-    return PartitionSpec(*entries)

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
 from .._layout import bridge as _bridge
-from .._layout.spec import has_sharding
+from .._layout.spec import has_sharding, only_axes
 from .._trees import hints as _hints, signature as _signature, walk as _tree
 from .jit.arguments import mismatch
 
@@ -59,12 +59,7 @@ def _restrict(spec: PartitionSpec, axis_names: Optional[frozenset]) -> Partition
         return spec
     # With a subset of manual axes, the specs name only those; the other axes
     # stay Auto/Explicit and the annotation is still checked against them inside.
-    kept = []
-    for entry in spec:
-        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        names = tuple(n for n in names if n in axis_names)
-        kept.append(None if not names else names[0] if len(names) == 1 else names)
-    return PartitionSpec(*kept)
+    return only_axes(spec, axis_names)
 
 
 def typed_shard_map(

@@ -41,6 +41,17 @@ def entries_of(spec: PartitionSpec) -> Entries:
     return tuple(out)
 
 
+def only_axes(spec: PartitionSpec, keep: frozenset) -> PartitionSpec:
+    """`spec` with only the mesh axes in `keep` (JAX's APIs each take the axes of
+    one type; `shard_map` its manual ones)."""
+    entries = []
+    for entry in spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        kept = tuple(n for n in names if n in keep)
+        entries.append(kept[0] if len(kept) == 1 else kept or None)
+    return PartitionSpec(*entries)
+
+
 def unreduced_axes(spec: Any) -> frozenset:
     """Mesh axes over which a value is `unreduced` (a sum is still pending).
 
