@@ -274,4 +274,3 @@ def _value_mesh(x: Any) -> Any:
     if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
         return sharding.mesh
     return _bridge.resolve_mesh(None, "reshard")
-

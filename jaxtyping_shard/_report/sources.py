@@ -297,5 +297,5 @@ def _checks(caller: Frame) -> bool:
         # `typechecker=None` over typeguard's `@typechecked` (`wrapped_fn`)
         caller.function.endswith(("wrapped_fn_impl", "jaxtyped.<locals>.wrapped_fn"))
         or caller.file.startswith("<@beartype(")  # beartype's generated wrapper
-        or caller.function.endswith("checked.<locals>.boundary")  # jts.jit
+        or caller.function.endswith("checked.<locals>.make.<locals>.boundary")
     )

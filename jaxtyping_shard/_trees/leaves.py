@@ -28,6 +28,7 @@ from .._core.failures import warn_at_user_line
 from .._core.modes import current_mode
 from .._layout import given as _given, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
+from .._verdict import constraints as _constraints
 from .._verdict.compare import FIX
 from . import paths as _paths
 
@@ -40,18 +41,21 @@ def leaf_failures(
     function: Optional[str] = None,
     is_return: bool = False,
     name_sites: bool = True,
+    placed: Optional[tuple] = None,
 ) -> list:
     """`[(path name, reason), ...]` for the leaves that fail their checkers.
 
     `name_sites=False` leaves compile-time checks to find their own site (under
-    `jaxtyped`, the parameter and the key path inside it).
+    `jaxtyped`, the parameter and the key path inside it). `placed`: per leaf,
+    the sharding `jit`'s `in_shardings` give that traced leaf (or `None`), so
+    that its check is decided at trace time (see `_verdict.constraints`).
     """
     failures = []
     hidden = getattr(_shape_storage, "memo_stack", None)
     if hidden:
         _shape_storage.memo_stack = []
     try:
-        for leaf, checker, path in zip(leaves, checkers, paths):
+        for i, (leaf, checker, path) in enumerate(zip(leaves, checkers, paths)):
             if checker is None:
                 continue
             if hasattr(checker, "_jts_rank_reason"):  # stacked: its rank first
@@ -71,8 +75,10 @@ def leaf_failures(
                 # Compile-time (Auto) checks name the leaf by its key path.
                 argument = None if is_return else name
                 keys = jax.tree_util.keystr(path)
+                sharding = placed[i] if placed is not None else None
                 with _site.naming(function, argument, is_return, keys):
-                    reason = _reason(checker, leaf)
+                    with _constraints.placed(leaf, sharding):
+                        reason = _reason(checker, leaf)
             elif isinstance(leaf, jax.ShapeDtypeStruct):
                 reason = _reason(checker, leaf, _abstract_reason)
             elif isinstance(leaf, checker):  # type: ignore[arg-type]

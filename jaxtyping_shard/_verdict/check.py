@@ -45,7 +45,7 @@ from .compare import (
     shards_nothing,
     too_long,
 )
-from .constraints import constrained_spec
+from .constraints import constrained_spec, placed_spec
 from .eager import check_unsharded, eager_message, eager_verdict
 from .manual import check_manual
 
@@ -188,6 +188,9 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
     constrained = _constrained(cls, obj, aval, mesh, sizes, auto) if auto else ""
     if constrained:
         return constrained
+    known = _placed(cls, obj, aval, mesh, sizes, auto) if auto else None
+    if known is not None:
+        return known  # laid out by `jit`'s in_shardings: nothing left to XLA
     if schedule and any(sizes[a] > 1 for a in auto):
         # In a Union, any member whose shape fits may be the one XLA's layout
         # matches (beartype and typeguard stop at the first that passes).
@@ -234,6 +237,32 @@ def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) ->
         f"{_noun(obj)} is laid out as `{shown}` by a sharding constraint "
         "(`jax.lax.with_sharding_constraint` or `jts.reshard`, which XLA keeps), "
         f"not {cls._jts.text} as expected by the type hint (mesh "
+        f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
+    )
+
+
+def _placed(
+    cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto: Any
+) -> Optional[str]:
+    """The verdict, at trace time, on an argument or result that `jit` lays out
+    as its caller derived it (`constraints.placed`): `None` when not known (or
+    another member of a Union may be the one it matches: left to the compile)."""
+    spec = placed_spec(obj, mesh)
+    if spec is None:
+        return None
+    ndim = len(aval.shape)
+    got = _spec.entries_of(spec)
+    want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, auto)
+    if want == _spec.normalise(got, ndim, sizes, auto) or empty_fits(cls, aval.shape):
+        return ""
+    members = _union.other_members(cls, obj)
+    if members or members.unconditional:
+        return None
+    shown = _spec.format_array(aval.dtype, aval.shape, got)
+    return (
+        f"{_noun(obj)} is laid out as `{shown}` by the shardings `jit` was given "
+        "(in_shardings or out_shardings), not "
+        f"{cls._jts.text} as expected by the type hint (mesh "
         f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
     )
 

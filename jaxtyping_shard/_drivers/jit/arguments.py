@@ -95,6 +95,33 @@ def _abstract(leaf: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
     )
 
 
+def options(jit_kwargs: dict, annotations: str) -> tuple[dict, bool, Any, bool, bool]:
+    """`(jit's own keyword arguments, reshard_inputs, stacked, in_shardings
+    derived, out_shardings derived)` of `jts.jit`'s keyword arguments, where
+    `annotations` is the one string `in_shardings` and `out_shardings` take."""
+    kwargs = dict(jit_kwargs)
+    reshard = bool(kwargs.pop("reshard_inputs", False))
+    stacked = kwargs.pop("stacked", None)
+    for key in ("in_shardings", "out_shardings"):
+        value = kwargs.get(key)
+        if isinstance(value, str) and value != annotations:
+            raise ValueError(
+                f"{key}={value!r}: the only string accepted is "
+                f"{annotations!r} (shardings read off the signature)."
+            )
+    derive_in = kwargs.get("in_shardings") == annotations
+    derive_out = kwargs.get("out_shardings") == annotations
+    if reshard and not derive_in:
+        raise ValueError(
+            "reshard_inputs=True needs in_shardings='annotations': it moves "
+            "arguments to the shardings their annotations ask for."
+        )
+    for key in ("in_shardings", "out_shardings"):
+        if kwargs.get(key) == annotations:
+            del kwargs[key]
+    return kwargs, reshard, stacked, derive_in, derive_out
+
+
 def statics(sig: inspect.Signature, kwargs: dict) -> tuple[set, set]:
     raw_nums: Any = kwargs.get("static_argnums", ()) or ()
     raw_names: Any = kwargs.get("static_argnames", ()) or ()

@@ -15,7 +15,7 @@ signature, and compiles to nothing: a steady-state call does not run it.
 
 import functools as ft
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from ..._annotation.entry import Entry
 from ..._core.modes import current_mode
@@ -36,47 +36,78 @@ def checked(
 ) -> Callable:
     """`fun`, checking the sharded leaves of its arguments and result (`what`:
     the wrapper messages name, as `what(fun)`; `stacked`: `stacked=`, matched
-    against each argument and the result)."""
+    against each argument and the result).
+
+    Its `_jts_placed(placed)` is the same check for a `jit` whose
+    `in_shardings` and `out_shardings` lay the leaves out as derived: `placed`
+    is `{parameter, or "return": the sharding of each of its leaves, or None}`
+    (the leaves of `*args` concatenated), and the check of a traced leaf given
+    one is decided at trace time from it (`_verdict.constraints.placed`) rather
+    than left to the compile."""
     stacked = lenient(stacked)
     info: list = []  # the signature, read at the first call
     entry = Entry(fun, _hints.field_hints)
 
-    @ft.wraps(fun)
-    def boundary(*args: Any, **kwargs: Any) -> Any:
-        if current_mode() == "off":
-            return fun(*args, **kwargs)
-        entry.check(args, kwargs)  # every logical annotation resolves, first
-        if not info:
-            info.append(read(fun))
-            _like_hint.validate(info[0].hints, _parameters(info[0]), info[0].name)
-        signature = info[0]
-        name = signature.name
-        where = f"{what}({name})"
-        failures: list = []
-        structure: list = []
-        counts = _leaves.Counts()
-        arguments = signature.arguments(args, kwargs)
-        likes = _likes(signature, arguments, where)
-        for param, value, hint in arguments:
+    def make(placed: dict) -> Callable:
+        @ft.wraps(fun)
+        def boundary(*args: Any, **kwargs: Any) -> Any:
+            if current_mode() == "off":
+                return fun(*args, **kwargs)
+            entry.check(args, kwargs)  # every logical annotation resolves, first
+            if not info:
+                info.append(read(fun))
+                _like_hint.validate(info[0].hints, _parameters(info[0]), info[0].name)
+            signature = info[0]
+            name = signature.name
+            where = f"{what}({name})"
+            failures: list = []
+            structure: list = []
+            counts = _leaves.Counts()
+            arguments = signature.arguments(args, kwargs)
+            likes = _likes(signature, arguments, where)
+            for param, value, hint in arguments:
+                _failures(
+                    value,
+                    hint,
+                    param,
+                    name,
+                    stacked,
+                    counts,
+                    failures,
+                    structure,
+                    likes,
+                    placed.get(param),
+                )
+            if failures or structure:
+                raise _leaves.error(f"{where}, arguments", failures, counts, structure)
+            out = fun(*args, **kwargs)
+            counts = _leaves.Counts()
+            hint = signature.hint("return") or signature.unread.get("return")
             _failures(
-                value, hint, param, name, stacked, counts, failures, structure, likes
+                out,
+                hint,
+                "return",
+                name,
+                stacked,
+                counts,
+                failures,
+                structure,
+                likes,
+                placed.get("return"),
             )
-        if failures or structure:
-            raise _leaves.error(f"{where}, arguments", failures, counts, structure)
-        out = fun(*args, **kwargs)
-        counts = _leaves.Counts()
-        hint = signature.hint("return") or signature.unread.get("return")
-        _failures(
-            out, hint, "return", name, stacked, counts, failures, structure, likes
-        )
-        if failures or structure:
-            raise _leaves.error(f"{where}, return value", failures, counts, structure)
-        return out
+            if failures or structure:
+                raise _leaves.error(
+                    f"{where}, return value", failures, counts, structure
+                )
+            return out
 
-    if not hasattr(fun, "__qualname__"):  # a partial, a callable object
-        boundary.__qualname__ = boundary.__name__ = read(fun).name
-    boundary._jts_boundary = True  # type: ignore[attr-defined]
-    return boundary
+        if not hasattr(fun, "__qualname__"):  # a partial, a callable object
+            boundary.__qualname__ = boundary.__name__ = read(fun).name
+        boundary._jts_boundary = True  # type: ignore[attr-defined]
+        boundary._jts_placed = make  # type: ignore[attr-defined]
+        return boundary
+
+    return make({})
 
 
 def _parameters(signature: Any) -> list:
@@ -106,9 +137,11 @@ def _failures(
     failures: list,
     structure: list,
     likes: Any = None,
+    placed: Optional[tuple] = None,
 ) -> None:
     """Adds the failures of one argument (or the result) to `failures`, and the
-    nodes its hints do not fit to `structure`."""
+    nodes its hints do not fit to `structure` (`placed`: the sharding `jit`
+    gives each leaf, see `checked`)."""
     if _hints.leaf_annotation(hint) is not None:
         # A parameter (or return) annotated as one array is the function's own
         # checker's to check (jaxtyped, beartype, typeguard); checking it here too
@@ -129,6 +162,8 @@ def _failures(
         for path, reason in _tree.problems(leaves, plan)
     ]
     if counts.add(name, leaves, plan, checkers):
+        if placed is not None and len(placed) != len(leaves):
+            placed = None  # another walk of the value than the derivation's
         failures += _leaves.leaf_failures(
-            leaves, plan.paths, checkers, name, function, is_return
+            leaves, plan.paths, checkers, name, function, is_return, placed=placed
         )

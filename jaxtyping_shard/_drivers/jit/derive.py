@@ -22,7 +22,7 @@ import functools as ft
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import jax
 from jax.core import Tracer
@@ -61,26 +61,10 @@ class AnnotatedJit:
     """`make(fun, **jit_kwargs)` (`jax.jit`) per derived sharding set, called."""
 
     def __init__(self, fun: Callable, jit_kwargs: dict, make: Callable) -> None:
-        kwargs = dict(jit_kwargs)
-        self._reshard = bool(kwargs.pop("reshard_inputs", False))
-        self._stacked = lenient(kwargs.pop("stacked", None))
-        for key in ("in_shardings", "out_shardings"):
-            value = kwargs.get(key)
-            if isinstance(value, str) and value != ANNOTATIONS:
-                raise ValueError(
-                    f"{key}={value!r}: the only string accepted is "
-                    f"{ANNOTATIONS!r} (shardings read off the signature)."
-                )
-        self._derive_in = kwargs.get("in_shardings") == ANNOTATIONS
-        self._derive_out = kwargs.get("out_shardings") == ANNOTATIONS
-        if self._reshard and not self._derive_in:
-            raise ValueError(
-                "reshard_inputs=True needs in_shardings='annotations': it moves "
-                "arguments to the shardings their annotations ask for."
-            )
-        for key in ("in_shardings", "out_shardings"):
-            if kwargs.get(key) == ANNOTATIONS:
-                del kwargs[key]
+        kwargs, self._reshard, stacked, self._derive_in, self._derive_out = (
+            _arguments.options(jit_kwargs, ANNOTATIONS)
+        )
+        self._stacked = lenient(stacked)
         self._fun, self._kwargs, self._make = fun, kwargs, make
         self._sig = inspect.signature(fun)
         self._static_nums, self._static_names = _arguments.statics(self._sig, kwargs)
@@ -218,9 +202,6 @@ class AnnotatedJit:
                 )
         return pos, {k: v for k, (v, _) in kw.items()}
 
-    def _hint(self, name: str) -> Any:
-        return self._read.hint(name.split("[", 1)[0])
-
     def _prepare(
         self, args: tuple, kwargs: dict, fast: bool = False, tree: bool = False
     ) -> tuple:
@@ -270,8 +251,11 @@ class AnnotatedJit:
                 )
             # `lower`, `trace`, `eval_shape`: abstract values, nothing moved.
             values = self._place(pos, flat, in_leaves, abstract=tree)
+            out_leaves = None
             if self._derive_out:
-                jit_kwargs["out_shardings"] = self._out_shardings(values, kw, mesh, pos)
+                jit_kwargs["out_shardings"], out_leaves = self._out_shardings(
+                    values, kw, mesh, pos
+                )
             flattens = key is not None and self._flattens(kw)
             # A signature whose committed arguments had to be moved (it is keyed
             # on their shardings) is never left to JAX: it would move them
@@ -282,6 +266,7 @@ class AnnotatedJit:
                 self,
                 jit_kwargs,
                 in_leaves,
+                out_leaves,
                 _arguments.all_committed(flat, in_leaves) and not moved,
                 pos,
                 flat,
@@ -347,12 +332,14 @@ class AnnotatedJit:
         )
 
     def _in_shardings(self, pos: list, flat: list, mesh: Any) -> tuple[list, tuple]:
+        """`(per positional argument: its leaves' shardings, or None when
+        static; in_shardings)`."""
         trees, in_leaves, indivisible = [], [], []
         for (name, value, _), f in zip(pos, flat):
             if f is None:
                 in_leaves.append(None)
                 continue
-            hint = self._hint(name)
+            hint = self._read.hint(name.split("[", 1)[0])  # `*args`: `args[j]`
             leaves, plan = _tree.plan_for(value, hint, None, self._stacked)
             anns = _like_hint.annotations(self._read, pos, None, value, hint, plan)
             out = _arguments.leaf_shardings(leaves, anns, plan, mesh, self._name, name)
@@ -362,10 +349,14 @@ class AnnotatedJit:
         _arguments.raise_indivisible(self._name, "arguments", indivisible, mesh)
         return in_leaves, tuple(trees)
 
-    def _out_shardings(self, values: tuple, kw: dict, mesh: Any, pos: list) -> Any:
+    def _out_shardings(
+        self, values: tuple, kw: dict, mesh: Any, pos: list
+    ) -> tuple[Any, Optional[list]]:
+        """`(out_shardings, the sharding of each leaf of the result's walk or
+        None)`: the second for the boundary checks (see `Entry`)."""
         hint = self._read.hint("return")
         if hint is None:
-            return None
+            return None, None
         if (
             _hints.leaf_annotation(hint) is not None
             and has_sharding(hint)
@@ -377,7 +368,8 @@ class AnnotatedJit:
             except Exception:  # its rank depends on the value: trace for it
                 spec = None
             if spec is not None:
-                return _bridge.named_sharding(spec, mesh, hint, "return value")
+                one = _bridge.named_sharding(spec, mesh, hint, "return value")
+                return one, None  # one array: its own checker's (`jaxtyped`)
         # The result's shapes, from an abstract evaluation (no data moves): each
         # leaf resolved with its shape, as a check of the result will resolve it.
         out = self._shape_jit.eval_shape(*values, **kw)
@@ -388,7 +380,7 @@ class AnnotatedJit:
         )
         indivisible = _arguments.indivisible("return", leaves, shardings, plan.paths)
         _arguments.raise_indivisible(self._name, "results", indivisible, mesh)
-        return jax.tree_util.tree_unflatten(plan.treedef, shardings)
+        return jax.tree_util.tree_unflatten(plan.treedef, shardings), shardings
 
     def _place(
         self, pos: list, flat: list, in_leaves: Any, abstract: bool = False

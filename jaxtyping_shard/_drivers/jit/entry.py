@@ -58,6 +58,7 @@ class Entry:
         owner: Any,
         kwargs: dict,
         in_leaves: Any,
+        out_leaves: Any,
         committed: bool,
         pos: list,
         flat: list,
@@ -65,19 +66,38 @@ class Entry:
     ) -> None:
         self._owner, self._kwargs = owner, kwargs
         self.in_leaves, self.committed, self.flattens = in_leaves, committed, flattens
+        self._out_leaves = out_leaves
         # Per positional parameter: its static value, or its tree structure and
         # number of leaves (what the flat function rebuilds the arguments from).
         self._layout = tuple(
             (True, value, 0) if f is None else (False, f[1], len(f[0]))
             for (_, value, _), f in zip(pos, flat)
         )
+        self._names = tuple(name for name, _, _ in pos)
         self._tree: Any = None
         self._flat: Any = None
 
     def tree(self) -> Any:
         if self._tree is None:
-            self._tree = self._owner._make(self._owner._fun, **self._kwargs)
+            self._tree = self._owner._make(self._function(), **self._kwargs)
         return self._tree
+
+    def _function(self) -> Callable:
+        """The owner's function, its boundary checks told which leaves
+        `in_shardings` and `out_shardings` lay out (so decided at trace time, see
+        `boundary`): a function of this entry's own, so that no trace of it
+        serves another entry, whose leaves `jit` lays out otherwise."""
+        fun = self._owner._fun
+        variant = getattr(fun, "_jts_placed", None)
+        if variant is None or (self.in_leaves is None and self._out_leaves is None):
+            return fun
+        placed: dict = {}
+        for name, shardings in zip(self._names, self.in_leaves or ()):
+            if shardings is not None:  # `*args` leaves, one argument after another
+                placed.setdefault(name.split("[", 1)[0], []).extend(shardings)
+        if self._out_leaves is not None:
+            placed["return"] = self._out_leaves
+        return variant({k: tuple(v) for k, v in placed.items()})
 
     def flat(self) -> Any:
         if self._flat is None:
@@ -91,7 +111,7 @@ class Entry:
                 for s in shardings
             )
             self._flat = self._owner._make(
-                flat_function(self._owner._fun, self._layout), **kwargs
+                flat_function(self._function(), self._layout), **kwargs
             )
         return self._flat
 
