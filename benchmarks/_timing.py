@@ -16,6 +16,21 @@ from typing import Any
 
 import jax
 
+import jaxtyping_shard as jts
+
+
+def default_mode(mode: str) -> None:
+    """Sets the process default mode, as `JAXTYPING_SHARD_MODE` does, and fails
+    if a scope of this thread hides it (a `with set_mode(...)` around a figure
+    would: a scope outranks the default, so a figure "in mode off" would time
+    mode check)."""
+    jts.set_mode(mode)  # type: ignore[arg-type]
+    if jts.get_mode() != mode:
+        raise RuntimeError(
+            f"the default mode {mode!r} is hidden by a scope in mode "
+            f"{jts.get_mode()!r}: set the default, do not open a scope, around figures"
+        )
+
 
 class Settings:
     def __init__(self, smoke: bool):

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 import jax
-from _timing import figure, interleaved, one_shots, Settings, timed
+from _timing import default_mode, figure, interleaved, one_shots, Settings, timed
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxtyping_shard as jts
@@ -92,10 +92,10 @@ def _for_mesh(kind: str, settings: Settings) -> list[dict]:
                 },
                 settings,
                 setups={
-                    "plain": lambda: jts.set_mode("check"),
-                    "checked": lambda: jts.set_mode("check"),
-                    "off": lambda: jts.set_mode("off"),
-                    "again": lambda: jts.set_mode("check"),
+                    "plain": lambda: default_mode("check"),
+                    "checked": lambda: default_mode("check"),
+                    "off": lambda: default_mode("off"),
+                    "again": lambda: default_mode("check"),
                 },
                 repeats=settings.repeats if settings.smoke else 3 * settings.repeats,
             )
