@@ -237,3 +237,90 @@ def test_placed_on_another_mesh_shape_decides_nothing(mesh_auto, scheduled):
     other = jax.sharding.Mesh(devices, ("data", "model"))
     assert _verdict(mesh_auto, ROWS, NamedSharding(other, P("data"))) == ""
     assert len(scheduled) == 1
+
+
+# jts.filter_jit: its split function takes the arrays only; the boundary, which
+# sees the whole arguments (non-array leaves included), lays the derived
+# shardings on their traced leaves.
+
+
+def _filter_case():
+    eqx = pytest.importorskip("equinox")
+
+    class Layer(eqx.Module):
+        w: ROWS
+        b: COLS
+        scale: float  # a non-array leaf: static under filter_jit
+        name: str = eqx.field(static=True, default="layer")
+
+    def apply(layer: Layer, extra: tuple[COLS, int]) -> tuple[Layer, COLS]:
+        x, n = extra
+        new = Layer(layer.w * layer.scale, layer.b + n, layer.scale)
+        return new, x * n
+
+    return Layer, apply
+
+
+def test_filter_jit_derived_leaves_leave_no_compile_time_check(mesh_auto, scheduled):
+    Layer, apply = _filter_case()
+    f = jts.filter_jit(apply, in_shardings="annotations", out_shardings="annotations")
+    layer = Layer(
+        place(mesh_auto, (8, 4), P("data", None)),
+        place(mesh_auto, (8, 4), P(None, "model")),
+        2.0,
+    )
+    x = place(mesh_auto, (8, 4), P(None, "model"))
+    with jax.set_mesh(mesh_auto):
+        for _ in range(2):  # warm, then through the caches
+            new, y = f(layer, (x, 3))
+            assert new.scale == 2.0 and new.w.sharding.spec == P("data", None)
+            np.testing.assert_allclose(np.asarray(y), np.asarray(x) * 3)
+        assert scheduled == []
+        # Committed otherwise: refused by key path, before any trace.
+        bad = Layer(place(mesh_auto, (8, 4), P(None, "data")), layer.b, 2.0)
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w"):
+            f(bad, (x, 3))
+        # Without the derivation the same leaves are checked when XLA compiles.
+        plain = jts.filter_jit(apply)
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w"):
+            plain(bad, (x, 3))
+        # w, b, x in; w, b and the result's x out.
+        assert len(scheduled) == 6
+        assert "argument `layer.w`" in repr(scheduled[0])
+
+
+def test_filter_jit_nested_in_another_jit_still_checks_at_compile(mesh_auto):
+    Layer, apply = _filter_case()
+    f = jts.filter_jit(apply, in_shardings="annotations", out_shardings="annotations")
+    layer = Layer(
+        place(mesh_auto, (8, 4), P("data", None)),
+        place(mesh_auto, (8, 4), P(None, "model")),
+        2.0,
+    )
+    x = place(mesh_auto, (8, 4), P(None, "model"))
+    with jax.set_mesh(mesh_auto):
+        f(layer, (x, 3))  # the derived entry, warm
+        wrong = NamedSharding(mesh_auto, P(None, "data"))
+        outer = jax.jit(lambda w, b, x: f(Layer(w, b, 2.0), (x, 3)))
+        w = jax.device_put(layer.w, wrong)
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w"):
+            outer(w, layer.b, x)
+
+
+def test_placed_for_traced_leaves_only_is_laid_on_them(mesh_auto):
+    # The boundary's walk holds static leaves the derivation did not see: the
+    # shardings go to the traced leaves in order, and a count that does not
+    # fit decides nothing (left to the compile).
+    from jaxtyping_shard._drivers.jit import boundary as _boundary
+
+    s = NamedSharding(mesh_auto, P("data"))
+    seen = []
+
+    def g(a, b):
+        leaves = [a, 1.0, b, "static"]
+        seen.append(_boundary._on_traced(leaves, (s, s)))
+        seen.append(_boundary._on_traced(leaves, (s,)))
+        return a
+
+    jax.jit(g)(jnp.ones(8), jnp.ones(8))
+    assert seen == [(s, None, s, None), None]

@@ -17,6 +17,8 @@ import functools as ft
 from collections.abc import Callable
 from typing import Any, Optional
 
+from jax.core import Tracer
+
 from ..._annotation.entry import Entry
 from ..._core.modes import current_mode
 from ..._trees import (
@@ -163,7 +165,20 @@ def _failures(
     ]
     if counts.add(name, leaves, plan, checkers):
         if placed is not None and len(placed) != len(leaves):
-            placed = None  # another walk of the value than the derivation's
+            placed = _on_traced(leaves, placed)
         failures += _leaves.leaf_failures(
             leaves, plan.paths, checkers, name, function, is_return, placed=placed
         )
+
+
+def _on_traced(leaves: list, placed: tuple) -> Optional[tuple]:
+    """`placed`, given for the traced leaves only (`filter_jit`: its static leaves
+    are no arguments of `jit`), laid on them in order; `None` if they are not as
+    many (another walk of the value than the derivation's: left to the compile)."""
+    traced = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tracer)]
+    if len(traced) != len(placed):
+        return None
+    full: list = [None] * len(leaves)
+    for i, sharding in zip(traced, placed):
+        full[i] = sharding
+    return tuple(full)

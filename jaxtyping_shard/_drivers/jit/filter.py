@@ -13,6 +13,10 @@ parameter in front holding the rest; its hints are the original ones, so the
 derived shardings, the refusal of a committed argument placed otherwise and the
 messages name the original parameters and key paths. The result is split the
 same way: its arrays come out of `jit`, the rest travels as a leafless pytree.
+On Auto axes the split function is told, per entry, the shardings `jit` gives
+its arrays (`split._jts_placed`, as the boundary's): the boundary lays them on
+the traced leaves of the whole arguments, and decides those checks at trace
+time.
 
 Equinox stays optional: importing this module does not import it.
 """
@@ -184,12 +188,6 @@ def _split_function(fun: Callable, checked: Callable) -> Callable:
             "signature cannot be read, so no shardings can be derived from it."
         )
 
-    def split(static: _Static, *args: Any, **kwargs: Any) -> tuple:
-        args, kwargs = _combine((args, kwargs), static)
-        out = checked(*args, **kwargs)  # every annotated leaf, by key path
-        dynamic, rest = _partition(out)
-        return dynamic, _Out(rest)
-
     # jax.jit names its static arguments: none may be positional-only (a call
     # passes every one positionally anyway).
     either = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -200,14 +198,30 @@ def _split_function(fun: Callable, checked: Callable) -> Callable:
         )
         for p in parameters.parameters.values()
     ]
-    split.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     hints = dict(original.hints)
     if "return" in hints:
         hints["return"] = tuple[hints["return"], Any]
-    split.__annotations__ = hints
-    split.__qualname__ = split.__name__ = original.name
-    split.__module__ = __name__
-    return split
+
+    def make(checked: Callable) -> Callable:
+        def split(static: _Static, *args: Any, **kwargs: Any) -> tuple:
+            args, kwargs = _combine((args, kwargs), static)
+            out = checked(*args, **kwargs)  # every annotated leaf, by key path
+            dynamic, rest = _partition(out)
+            return dynamic, _Out(rest)
+
+        split.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        split.__annotations__ = hints
+        split.__qualname__ = split.__name__ = original.name
+        split.__module__ = __name__
+        # As the boundary's: the same function told the shardings `jit` gives
+        # its leaves (per parameter, the arrays only: the boundary, which sees
+        # the whole arguments, lays them on their traced leaves).
+        variant = getattr(checked, "_jts_placed", None)
+        if variant is not None:
+            split._jts_placed = lambda placed: make(variant(placed))  # type: ignore[attr-defined]
+        return split
+
+    return make(checked)
 
 
 def _donated(fun: Callable, donate: str) -> tuple:
