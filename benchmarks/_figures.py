@@ -17,21 +17,14 @@ import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
 import _preflight_cost  # beside this file
 import _scaling  # beside this file
+import _timing  # beside this file
 import _transformer  # beside this file
 import _tree_figures  # beside this file
 import jax
 import jax.numpy as jnp
 import jaxtyping
 from _first_call import first_call  # beside this file, as _timing
-from _timing import (
-    default_mode,
-    figure,
-    fmt_s,
-    interleaved,
-    one_shots,
-    Settings,
-    timed,
-)
+from _timing import figure, fmt_s, interleaved, one_shots, Settings, timed
 from beartype import beartype
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, jaxtyped
@@ -113,7 +106,7 @@ def eager(n_args: int, mode: str, settings: Settings) -> dict:
     previous = jts.get_mode()
     try:
         if mode == "off everywhere":
-            off = {name: lambda: default_mode("off") for name in stmts}
+            off = {name: lambda: _timing.default_mode("off") for name in stmts}
             times = interleaved(stmts, settings, setups=off)
         else:
             with jts.set_mode(mode):  # type: ignore[arg-type]
@@ -382,18 +375,13 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("preflight cost", lambda: _preflight_cost.figures(settings)),
     ]
     figures: list[dict] = []
-    previous = jts.get_mode()
-    try:
-        for label, step in steps:
-            start = time.perf_counter()
-            # The default, not a scope: a scope would hide the figures that set
-            # the default ("off everywhere", figure 12's mode off).
-            default_mode("check")
-            result = step()
-            figures.extend(result if isinstance(result, list) else [result])
-            print(f"  {label}: {time.perf_counter() - start:.1f} s", file=progress)
-    finally:
-        jts.set_mode(previous)  # type: ignore[arg-type]
+    for label, step in steps:
+        start = time.perf_counter()
+        # The default, not a scope, which would hide the figures that set it.
+        _timing.default_mode("check")
+        result = step()
+        figures.extend(result if isinstance(result, list) else [result])
+        print(f"  {label}: {time.perf_counter() - start:.1f} s", file=progress)
     return figures
 
 

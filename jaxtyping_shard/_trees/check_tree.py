@@ -233,7 +233,7 @@ def _like_check(leaf: Any, spec: PartitionSpec) -> Any:
     return spec_check(spec)
 
 
-class LeadCheck:
+class LeadCheck(_leaves.RankFirst):
     """What the tree checks check a stacked leaf against: its declared leading
     entries, then its layer's spec for the dims after them, resolved per value
     as a check resolves (`of_value`), compared as a spec (`spec_check`).

@@ -23,6 +23,7 @@ from jax.core import Tracer
 from jaxtyping._storage import _shape_storage
 
 from .._core import site as _site
+from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingTypeCheckError
 from .._core.failures import warn_at_user_line
 from .._core.modes import current_mode
@@ -58,11 +59,16 @@ def leaf_failures(
         for i, (leaf, checker, path) in enumerate(zip(leaves, checkers, paths)):
             if checker is None:
                 continue
-            if hasattr(checker, "_jts_rank_reason"):  # stacked: its rank first
+            if isinstance(checker, RankFirst):  # stacked: its rank first
                 wrong = checker._jts_rank_reason(leaf)
                 found: Any = Missing(wrong, layout=True) if wrong else checker
                 checker = found
-            if type(checker) is Missing:
+            if leaf.__class__ is ARRAY_IMPL and type(checker) is not Missing:
+                # A concrete array, the common case: its check, and no more.
+                if isinstance(leaf, checker):  # type: ignore[arg-type]
+                    continue
+                reason = _reason(checker, leaf)
+            elif type(checker) is Missing:
                 reason = checker.reason
                 if checker.layout and current_mode() != "check":
                     # A layout mismatch: warned (mode "warn") or not checked.
@@ -234,6 +240,14 @@ class Counts:
             )
             for n, p, note in self.unannotated
         ]
+
+
+class RankFirst:
+    """A checker whose `_jts_rank_reason(leaf)` `leaf_failures` asks first (a
+    stacked leaf's: a rank that cannot hold the stack is a layout mismatch)."""
+
+    def _jts_rank_reason(self, obj: Any) -> str:
+        raise NotImplementedError
 
 
 class Missing:
