@@ -244,7 +244,8 @@ def test_placed_on_another_mesh_shape_decides_nothing(mesh_auto, scheduled):
 # shardings on their traced leaves.
 
 
-def _filter_case():
+def _filter_case(mesh):
+    """`(Layer, apply, a Layer laid out as annotated, an argument x)`."""
     eqx = pytest.importorskip("equinox")
 
     class Layer(eqx.Module):
@@ -258,18 +259,15 @@ def _filter_case():
         new = Layer(layer.w * layer.scale, layer.b + n, layer.scale)
         return new, x * n
 
-    return Layer, apply
+    layer = Layer(
+        place(mesh, (8, 4), P("data", None)), place(mesh, (8, 4), P(None, "model")), 2.0
+    )
+    return Layer, apply, layer, place(mesh, (8, 4), P(None, "model"))
 
 
 def test_filter_jit_derived_leaves_leave_no_compile_time_check(mesh_auto, scheduled):
-    Layer, apply = _filter_case()
+    Layer, apply, layer, x = _filter_case(mesh_auto)
     f = jts.filter_jit(apply, in_shardings="annotations", out_shardings="annotations")
-    layer = Layer(
-        place(mesh_auto, (8, 4), P("data", None)),
-        place(mesh_auto, (8, 4), P(None, "model")),
-        2.0,
-    )
-    x = place(mesh_auto, (8, 4), P(None, "model"))
     with jax.set_mesh(mesh_auto):
         for _ in range(2):  # warm, then through the caches
             new, y = f(layer, (x, 3))
@@ -290,14 +288,8 @@ def test_filter_jit_derived_leaves_leave_no_compile_time_check(mesh_auto, schedu
 
 
 def test_filter_jit_nested_in_another_jit_still_checks_at_compile(mesh_auto):
-    Layer, apply = _filter_case()
+    Layer, apply, layer, x = _filter_case(mesh_auto)
     f = jts.filter_jit(apply, in_shardings="annotations", out_shardings="annotations")
-    layer = Layer(
-        place(mesh_auto, (8, 4), P("data", None)),
-        place(mesh_auto, (8, 4), P(None, "model")),
-        2.0,
-    )
-    x = place(mesh_auto, (8, 4), P(None, "model"))
     with jax.set_mesh(mesh_auto):
         f(layer, (x, 3))  # the derived entry, warm
         wrong = NamedSharding(mesh_auto, P(None, "data"))

@@ -185,12 +185,15 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
                 f"{cls._jts.text} as expected by the type hint (mesh "
                 f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
             )
-    constrained = _constrained(cls, obj, aval, mesh, sizes, auto) if auto else ""
-    if constrained:
-        return constrained
-    known = _placed(cls, obj, aval, mesh, sizes, auto) if auto else None
-    if known is not None:
-        return known  # laid out by `jit`'s in_shardings: nothing left to XLA
+    if auto:
+        spec = constrained_spec(obj, mesh)
+        constrained = _laid_out(cls, obj, aval, mesh, sizes, auto, spec, _BY_CONSTRAINT)
+        if constrained:
+            return constrained
+        spec = placed_spec(obj, mesh)
+        known = _laid_out(cls, obj, aval, mesh, sizes, auto, spec, _BY_JIT)
+        if known is not None:
+            return known  # laid out by `jit`'s derived shardings: nothing for XLA
     if schedule and any(sizes[a] > 1 for a in auto):
         # In a Union, any member whose shape fits may be the one XLA's layout
         # matches (beartype and typeguard stop at the first that passes).
@@ -216,38 +219,24 @@ def _schedule(
         _auto.watching.checks.append((obj, check))
 
 
-def _constrained(cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto) -> str:
-    """The verdict, at trace time, on a value a sharding constraint produced (Auto
-    axes; see `constraints`): XLA must lay it out as constrained, so the culprit
-    is reported at the constraint, before the values XLA would propagate its
-    layout to."""
-    spec = constrained_spec(obj, mesh)
-    if spec is None:
-        return ""
-    ndim = len(aval.shape)
-    got = _spec.entries_of(spec)
-    want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, auto)
-    if want == _spec.normalise(got, ndim, sizes, auto) or empty_fits(cls, aval.shape):
-        return ""
-    members = _union.other_members(cls, obj)
-    if members or members.unconditional:
-        return ""  # another member of a Union may accept it: left to the compile
-    shown = _spec.format_array(aval.dtype, aval.shape, got)
-    return (
-        f"{_noun(obj)} is laid out as `{shown}` by a sharding constraint "
-        "(`jax.lax.with_sharding_constraint` or `jts.reshard`, which XLA keeps), "
-        f"not {cls._jts.text} as expected by the type hint (mesh "
-        f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
-    )
+# What lays a traced value out where XLA must keep it (see `constraints`), as
+# a mismatch names it.
+_BY_CONSTRAINT = (
+    "a sharding constraint (`jax.lax.with_sharding_constraint` or `jts.reshard`, "
+    "which XLA keeps)"
+)
+_BY_JIT = "the shardings `jit` was given (in_shardings or out_shardings)"
 
 
-def _placed(
-    cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto: Any
+def _laid_out(
+    cls: Any, obj: Any, aval: Any, mesh: Any, sizes: dict, auto: Any, spec: Any, by: str
 ) -> Optional[str]:
-    """The verdict, at trace time, on an argument or result that `jit` lays out
-    as its caller derived it (`constraints.placed`): `None` when not known (or
-    another member of a Union may be the one it matches: left to the compile)."""
-    spec = placed_spec(obj, mesh)
+    """The verdict, at trace time, on a value laid out as `spec` by what `by`
+    names, which XLA keeps (Auto axes; see `constraints`): a constraint's value
+    is reported at the constraint, before the values XLA would propagate its
+    layout to; an argument or result of a `jit` given derived shardings needs no
+    compile-time check. `None` when not known (`spec` is None) or when another
+    member of a Union may be the one it matches: left to the compile."""
     if spec is None:
         return None
     ndim = len(aval.shape)
@@ -260,10 +249,9 @@ def _placed(
         return None
     shown = _spec.format_array(aval.dtype, aval.shape, got)
     return (
-        f"{_noun(obj)} is laid out as `{shown}` by the shardings `jit` was given "
-        "(in_shardings or out_shardings), not "
-        f"{cls._jts.text} as expected by the type hint (mesh "
-        f"{_mesh.format_mesh(mesh)}{_when(obj)}). {_FIX}"
+        f"{_noun(obj)} is laid out as `{shown}` by {by}, not {cls._jts.text} as "
+        f"expected by the type hint (mesh {_mesh.format_mesh(mesh)}{_when(obj)}). "
+        f"{_FIX}"
     )
 
 

@@ -69,34 +69,18 @@ def checked(
             likes = _likes(signature, arguments, where)
             for param, value, hint in arguments:
                 _failures(
-                    value,
-                    hint,
-                    param,
-                    name,
-                    stacked,
-                    counts,
-                    failures,
-                    structure,
-                    likes,
-                    placed.get(param),
-                )
+                    value, hint, param, name, stacked, counts, failures, structure,
+                    likes, placed,
+                )  # fmt: skip
             if failures or structure:
                 raise _leaves.error(f"{where}, arguments", failures, counts, structure)
             out = fun(*args, **kwargs)
             counts = _leaves.Counts()
             hint = signature.hint("return") or signature.unread.get("return")
             _failures(
-                out,
-                hint,
-                "return",
-                name,
-                stacked,
-                counts,
-                failures,
-                structure,
-                likes,
-                placed.get("return"),
-            )
+                out, hint, "return", name, stacked, counts, failures, structure,
+                likes, placed,
+            )  # fmt: skip
             if failures or structure:
                 raise _leaves.error(
                     f"{where}, return value", failures, counts, structure
@@ -139,11 +123,11 @@ def _failures(
     failures: list,
     structure: list,
     likes: Any = None,
-    placed: Optional[tuple] = None,
+    placed: Optional[dict] = None,
 ) -> None:
     """Adds the failures of one argument (or the result) to `failures`, and the
-    nodes its hints do not fit to `structure` (`placed`: the sharding `jit`
-    gives each leaf, see `checked`)."""
+    nodes its hints do not fit to `structure` (`placed`: the shardings `jit`
+    gives the leaves, see `checked`)."""
     if _hints.leaf_annotation(hint) is not None:
         # A parameter (or return) annotated as one array is the function's own
         # checker's to check (jaxtyped, beartype, typeguard); checking it here too
@@ -164,10 +148,11 @@ def _failures(
         for path, reason in _tree.problems(leaves, plan)
     ]
     if counts.add(name, leaves, plan, checkers):
-        if placed is not None and len(placed) != len(leaves):
-            placed = _on_traced(leaves, placed)
+        mine = placed.get(name) if placed else None
+        if mine is not None and len(mine) != len(leaves):
+            mine = _on_traced(leaves, mine)
         failures += _leaves.leaf_failures(
-            leaves, plan.paths, checkers, name, function, is_return, placed=placed
+            leaves, plan.paths, checkers, name, function, is_return, placed=mine
         )
 
 
