@@ -48,8 +48,9 @@ def leaf_failures(
 
     `name_sites=False` leaves compile-time checks to find their own site (under
     `jaxtyped`, the parameter and the key path inside it). `placed`: per leaf,
-    the sharding `jit`'s `in_shardings` give that traced leaf (or `None`), so
-    that its check is decided at trace time (see `_verdict.constraints`).
+    the sharding `jit`'s `in_shardings` or `out_shardings` give that traced leaf
+    (or `None`), so that its check is decided at trace time (see
+    `_verdict.constraints`).
     """
     failures = []
     hidden = getattr(_shape_storage, "memo_stack", None)
