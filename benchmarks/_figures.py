@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import _collectives  # beside this file, as _timing
+import _eager  # beside this file
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
 import _preflight_cost  # beside this file
@@ -58,37 +59,6 @@ def sharded(spec: Any) -> Any:
 PLAIN = jaxtyping.Float[Array, "b e"]
 
 
-# Timing.
-
-
-def _checked(n_args: int, annotations: list[Any], returns: Any) -> Any:
-    # Fresh function objects, so that no two variants share jaxtyping's caches.
-    if n_args == 1:
-
-        def f(x0):
-            return x0
-
-    else:
-
-        def f(x0, x1, x2, x3, x4, x5, x6, x7):
-            return x0
-
-    f.__annotations__ = {f"x{i}": a for i, a in enumerate(annotations)}
-    f.__annotations__["return"] = returns
-    return jaxtyped(typechecker=beartype)(f)
-
-
-def _eager_pair(n_args: int) -> tuple[Any, Any, tuple[Any, ...], Any]:
-    mesh = make_mesh("explicit")
-    specs = SPECS[:n_args]
-    args = tuple(place(mesh, spec) for spec in specs)
-    ours = _checked(n_args, [sharded(s) for s in specs], sharded(specs[0]))
-    plain = _checked(n_args, [PLAIN] * n_args, PLAIN)
-    # Mis-sharded first argument: the checked function must refuse it.
-    wrong = (place(mesh, P("model", None)),) + args[1:]
-    return ours, plain, args, wrong
-
-
 def _raises(fn: Callable[[], Any], error: type = Exception) -> bool:
     try:
         fn()
@@ -97,36 +67,7 @@ def _raises(fn: Callable[[], Any], error: type = Exception) -> bool:
     return False
 
 
-def eager(n_args: int, mode: str, settings: Settings) -> dict:
-    """`mode` in a `with set_mode(...)` scope; "off everywhere": the process
-    default (set untimed before each batch), as `JAXTYPING_SHARD_MODE=off` has it."""
-    ours, plain, args, wrong = _eager_pair(n_args)
-    live = mode != "check" or _raises(lambda: ours(*wrong), jaxtyping.TypeCheckError)
-    stmts = {"plain": lambda: plain(*args), "ours": lambda: ours(*args)}
-    previous = jts.get_mode()
-    try:
-        if mode == "off everywhere":
-            off = {name: lambda: _timing.default_mode("off") for name in stmts}
-            times = interleaved(stmts, settings, setups=off)
-        else:
-            with jts.set_mode(mode):  # type: ignore[arg-type]
-                times = interleaved(stmts, settings)
-    finally:
-        jts.set_mode(previous)
-    if mode == "check":
-        name, target, text = f"1. eager, {n_args} arg(s)", 1.03, "≤ 1.03"
-    else:
-        name, target, text = f"2. eager, {n_args} arg(s), {mode}", 1.02, "1.00 (≤ 1.02)"
-    return figure(
-        name,
-        f"call of f({n_args} annotated args) -> annotated, jaxtyped(beartype), "
-        f"mode {mode!r}: sharded annotations / plain jaxtyping",
-        times["ours"],
-        times["plain"],
-        target,
-        text,
-        live=live,
-    )
+# Figures 1 and 2 are in _eager.py (timed in fresh processes).
 
 
 # Figure 3: one cached verdict, per array.
@@ -354,12 +295,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
     settings = Settings(smoke)
     assert jax.device_count() >= 8, "run.py forces 8 CPU devices before importing JAX"
     steps: list[tuple[str, Callable[[], Any]]] = [
-        ("eager, 1 arg", lambda: eager(1, "check", settings)),
-        ("eager, 8 args", lambda: eager(8, "check", settings)),
-        ("eager, 1 arg, off", lambda: eager(1, "off", settings)),
-        ("eager, 8 args, off", lambda: eager(8, "off", settings)),
-        ("eager, 1 arg, off everywhere", lambda: eager(1, "off everywhere", settings)),
-        ("eager, 8 args, off everywhere", lambda: eager(8, "off everywhere", settings)),
+        ("eager, in fresh processes", lambda: _eager.figures(settings)),
         ("cached verdict", lambda: cache_hit(settings)),
         ("jit call", lambda: jit_steady(settings)),
         ("compile time", lambda: compile_time(settings)),
@@ -388,6 +324,9 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
 def notes(figures: list[dict]) -> str:
     lines = []
     for fig in figures:
+        if "process_ratios" in fig:
+            ratios = ", ".join(f"{r:.3f}" for r in fig["process_ratios"])
+            lines.append(f"{fig['name']}: one ratio a process: {ratios}")
         if "extra_per_check_s" in fig:
             lines.append(f"{fig['name']}: +{fmt_s(fig['extra_per_check_s'])} per check")
         if "plain_instancecheck_median_s" in fig:

@@ -16,7 +16,7 @@ from .helpers import place
 
 
 def _everywhere() -> object:
-    return MODE.everywhere[0]
+    return MODE.everywhere()
 
 
 def _agrees() -> None:
@@ -169,3 +169,100 @@ def test_closed_scopes_leave_nothing_behind():
         _TRACE_TOKEN.pop(_TRACE_TOKEN.push(object()))
     assert not _TRACE_TOKEN._open
     assert _TRACE_TOKEN.possible == frozenset((_TRACE_TOKEN.get_default(),))
+
+
+def _installed() -> object:
+    from jaxtyping_shard._annotation.dtypes import _MetaShardedArray
+
+    return _MetaShardedArray.__dict__["__instancecheck__"]
+
+
+def test_the_hot_path_in_force_follows_every_way_to_a_mode():
+    from jaxtyping_shard._annotation import hot_path
+
+    nowhere, everywhere = hot_path.while_off_nowhere, hot_path.while_off_everywhere
+    vary = hot_path.while_modes_vary
+    assert _installed() is nowhere
+    with jts.set_mode("warn"):
+        assert _installed() is nowhere
+    with jts.set_mode("off"):
+        assert _installed() is vary  # other threads are in mode check
+    previous = MODE.get_default()
+    try:
+        jts.set_mode("off")
+        assert _installed() is everywhere
+        with jts.set_mode("off"):
+            assert _installed() is everywhere
+        with jts.set_mode("check"):
+            assert _installed() is vary
+        token = MODE.push("warn")
+        assert _installed() is vary
+        MODE.pop(token)
+        assert _installed() is everywhere
+    finally:
+        jts.set_mode(previous)
+    assert _installed() is nowhere
+
+
+@pytest.mark.parametrize("to", ["check", "warn"])
+def test_a_new_default_reaches_the_hot_path_before_jax(to, monkeypatch):
+    # Between the change of JAX's default and the swap of the hot path another
+    # thread may check: the hot path must already allow both modes then.
+    from jaxtyping_shard._annotation import hot_path
+    from jaxtyping_shard._core import compat
+
+    seen: list = []
+    real = compat.set_user_context_global
+
+    def recording(context, value):
+        seen.append((compat.get_user_context_global(context), value, _installed()))
+        real(context, value)
+
+    previous = MODE.get_default()
+    monkeypatch.setattr(compat, "set_user_context_global", recording)
+    try:
+        jts.set_mode("off")
+        jts.set_mode(to)  # type: ignore[arg-type]
+        with jts.set_mode("off"):  # the default, changed and restored on entry
+            pass
+    finally:
+        jts.set_mode(previous)
+    changes = [(old, new, installed) for old, new, installed in seen if old != new]
+    # off, then `to`, then off and back to `to` on the scope's entry, then back.
+    assert [new for _, new, _ in changes] == ["off", to, "off", to, previous][
+        : len(changes)
+    ]
+    assert len(changes) == (4 if to == previous else 5)
+    for old, new, installed in changes:
+        both = {old, new}
+        if "off" in both:  # a thread may read either mode: each check reads it
+            assert installed is hot_path.while_modes_vary
+        else:
+            assert installed is hot_path.while_off_nowhere
+
+
+def test_off_everywhere_still_checks_shape_dtype_and_every_other_value(mesh_explicit):
+    import jax
+    import numpy as np
+
+    A = Float[Array, "b e", P("data", None)]
+    bad = place(mesh_explicit, (8, 4), P("model", None))
+
+    @jax.jit
+    def traced(x):
+        return isinstance(x, A)
+
+    previous = MODE.get_default()
+    try:
+        jts.set_mode("off")
+        assert _everywhere() == "off"
+        assert isinstance(bad, A)  # a jax.Array: jaxtyping's check only
+        assert not isinstance(place(mesh_explicit, (8,), P("data")), A)
+        assert not isinstance(bad.astype("int32"), A)
+        assert not isinstance(np.ones((8, 4), np.float32), A)  # not a jax.Array
+        assert bool(traced(bad))  # a tracer of a mis-sharded argument
+    finally:
+        jts.set_mode(previous)
+    # Back in mode check, warm caches included (the trace is keyed on the mode).
+    assert not isinstance(bad, A)
+    assert not bool(traced(bad))

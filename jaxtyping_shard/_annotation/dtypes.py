@@ -20,65 +20,28 @@ from jax.sharding import NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
-from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
-from .._core.modes import mode_everywhere, mode_flags, mode_reader, VARIES
+from .._core.modes import mode_flags, mode_reader
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
 from .._layout.logical import is_logical, logical_layout, register_annotation_maker
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
 from .._verdict import inputs as _inputs, manual as _manual
 from .._verdict.check import check
-from . import typeguard as _typeguard
+from . import hot_path as _hot_path, typeguard as _typeguard
 
 
 # jaxtyping's metaclasses are not exported; take them from public objects.
-_JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
+_JaxtypingArrayMeta: Any = _hot_path.JaxtypingArrayMeta
 _JaxtypingDtypeMeta: Any = type(jaxtyping.AbstractDtype)
 
 
 class _MetaShardedArray(_JaxtypingArrayMeta):
     """Metaclass of sharded annotations: jaxtyping's check, then the sharding."""
 
-    def __instancecheck__(cls, obj: Any) -> bool:
-        # What `isinstance` (so beartype) calls, as shallow as jaxtyping's own;
-        # each step counted in machine instructions (benchmarks/README.md,
-        # "Figures 1, 2, 5 and 16, measured"). A `jax.Array` is told by its class
-        # (`isinstance(obj, Tracer)` and `.sharding` cost 4x that).
-        if obj.__class__ is ARRAY_IMPL:
-            # jaxtyping's check on the unsharded base (same dims; not our
-            # `_check_shape`, for tracers only; transparent: `make_transparent`).
-            if _jaxtyping_instancecheck_str(cls._jts_base, obj):
-                return False
-            # While no thread can be in mode "off" (a flag: no mode read), the
-            # sharding object this annotation last accepted: arrays share their
-            # sharding object, so `is` beats hashing. In mode "off", the mode
-            # only: `obj._sharding` is a C++ property (~500 instructions), and so
-            # is JAX's `.value`, read only while threads may see several modes.
-            if mode_flags.off_nowhere:
-                if obj._sharding is cls._jts_last:
-                    return True
-            else:
-                mode = mode_everywhere[0]
-                if mode is VARIES:
-                    mode = mode_reader.value
-                if mode == "off" or obj._sharding is cls._jts_last:
-                    return True
-            return cls._jts_sharding_str(obj) == ""
-        if isinstance(obj, Tracer):
-            return cls.__instancecheck_str__(obj) == ""
-        if cls._skip_instancecheck:
-            return True
-        if _jaxtyping_instancecheck_str(cls._jts_base, obj):
-            return False
-        try:
-            if obj.sharding is cls._jts_last:
-                return True
-        except AttributeError:  # a NumPy array, say: it lives on one device
-            pass
-        if mode_reader.value == "off":
-            return True
-        return cls._jts_sharding_str(obj) == ""
+    # `isinstance(x, A)`: one of `hot_path`'s functions, the one for the state
+    # of the mode (swapped in by `_hot_path_for`, below the class).
+    __instancecheck__ = _hot_path.while_off_nowhere
 
     def __instancecheck_str__(cls, obj: Any) -> str:
         return _jaxtyping_instancecheck_str(cls, obj) or cls._jts_sharding_str(obj)
@@ -134,6 +97,13 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
 
 _jaxtyping_instancecheck_str = _JaxtypingArrayMeta.__instancecheck_str__
 _jaxtyping_check_shape = _JaxtypingArrayMeta._check_shape
+
+
+def _hot_path_for(flags: Any) -> None:
+    _MetaShardedArray.__instancecheck__ = _hot_path.for_flags(flags)
+
+
+mode_flags.listen(_hot_path_for)
 
 
 class _Nothing:

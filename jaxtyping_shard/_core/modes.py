@@ -13,6 +13,7 @@ traces and compiles afresh.
 import collections
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
 import jax
@@ -51,13 +52,14 @@ def _fast_reader(user_context: Any) -> Any:
 
 
 class _Varies:
-    """In `ContextState.everywhere`: threads may see different values."""
+    """What `ContextState.everywhere()` gives while threads may see different values."""
 
     def __repr__(self) -> str:
         return "VARIES"
 
 
 VARIES: Any = _Varies()
+_NO_VALUE: Any = object()
 
 
 class _Scope:
@@ -101,11 +103,6 @@ class ContextState(Generic[_T]):
         self._lock = threading.Lock()
         # The value of every thread's scopes still open, counted (all threads).
         self._open: collections.Counter = collections.Counter()
-        # `everywhere[0]`: the value every thread sees, or VARIES. Read on the
-        # eager hot path, where a module-level list item costs a fraction of
-        # JAX's `.value` (a C++ property reading thread-local state: about 500
-        # machine instructions, 1% of a one-argument jaxtyped call).
-        self.everywhere: list = [default]
         # Every value some thread may see now (the default and every open scope's).
         self.possible: frozenset = frozenset((default,))
         self.on_change: Any = None  # called (under the lock) when `possible` changes
@@ -115,12 +112,19 @@ class ContextState(Generic[_T]):
         """The value in force in this thread: its innermost scope, else the default."""
         return self._reader.value
 
-    def _update_everywhere(self) -> None:
+    def everywhere(self) -> Any:
+        """The value every thread sees now, or VARIES."""
+        possible = self.possible
+        return next(iter(possible)) if len(possible) == 1 else VARIES
+
+    def _update_possible(self, also: Any = _NO_VALUE) -> None:
         # Under `self._lock`. Conservative: one open scope with another value than
-        # the default, in any thread, makes it VARIES (read JAX's state then).
+        # the default, in any thread, makes it VARIES (read JAX's state then);
+        # `also`, a value about to become the default, counts as possible.
         default = compat.get_user_context_global(self._context)
         possible = frozenset((default, *(v for v, n in self._open.items() if n)))
-        self.everywhere[0] = default if len(possible) == 1 else VARIES
+        if also is not _NO_VALUE:
+            possible |= {also}
         if possible != self.possible:
             self.possible = possible
             if self.on_change is not None:
@@ -133,16 +137,23 @@ class ContextState(Generic[_T]):
         """Sets the process-wide default; returns the previous one."""
         with self._lock:
             previous = compat.get_user_context_global(self._context)
-            compat.set_user_context_global(self._context, value)
-            self._update_everywhere()
+            self._set_global(value)
         return previous
 
     def restore_default(self, value: _T, *, if_still: _T) -> None:
         """Sets the default back to `value` unless another call changed it since."""
         with self._lock:
             if compat.get_user_context_global(self._context) == if_still:
-                compat.set_user_context_global(self._context, value)
-                self._update_everywhere()
+                self._set_global(value)
+
+    def _set_global(self, value: _T) -> None:
+        # Under `self._lock`. The fast paths first hear of both values (the old
+        # and the new may each be read while the default changes), then of the
+        # new one alone: no thread ever takes a fast path JAX's state disagrees
+        # with, as `push` opens a scope only after the fast paths heard of it.
+        self._update_possible(also=value)
+        compat.set_user_context_global(self._context, value)
+        self._update_possible()
 
     def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
@@ -155,7 +166,7 @@ class ContextState(Generic[_T]):
         scope = _Scope(value, self._context(value))
         with self._lock:  # before the scope opens: this thread never sees it stale
             self._open[value] += 1
-            self._update_everywhere()
+            self._update_possible()
         scope.manager.__enter__()
         self._stack().append(scope)
         return scope
@@ -184,30 +195,44 @@ class ContextState(Generic[_T]):
             self._open[value] -= 1
             if not self._open[value]:  # unique values (trace tokens) do not pile up
                 del self._open[value]
-            self._update_everywhere()
+            self._update_possible()
 
 
 MODE: ContextState[str] = ContextState("mode", _mode_from_env())
 # Read `mode_reader.value` on hot paths: it saves a function call on each check.
 mode_reader = MODE._reader
-# Hotter still: `mode_everywhere[0]`, unless it is VARIES (then `mode_reader.value`).
-mode_everywhere = MODE.everywhere
 
 
 class _ModeFlags:
-    """What the eager hot path asks of the mode before anything else."""
+    """What the eager hot path must know of the mode before anything else: which
+    modes some thread may be in now. Kept by `MODE` whenever the default or an
+    open scope changes (under its lock, and before a thread can see the change);
+    each listener is called then, and once when it registers."""
 
-    __slots__ = ("off_nowhere",)
+    __slots__ = ("off_nowhere", "off_everywhere", "_listeners")
 
     def __init__(self) -> None:
         # True while no thread can be in mode "off" (neither the default nor any
         # open scope): a check mode's cached pass then reads no mode at all.
         self.off_nowhere = True
+        # True while every thread is in mode "off" (the default, and no scope of
+        # another mode open): the sharding is not looked at, no mode is read.
+        self.off_everywhere = False
+        self._listeners: list[Callable[[_ModeFlags], None]] = []
 
     def update(self, possible: frozenset) -> None:
         self.off_nowhere = "off" not in possible
+        self.off_everywhere = possible == _ONLY_OFF
+        for listener in self._listeners:
+            listener(self)
+
+    def listen(self, listener: Callable[["_ModeFlags"], None]) -> None:
+        with MODE._lock:
+            self._listeners.append(listener)
+            listener(self)
 
 
+_ONLY_OFF = frozenset(("off",))
 mode_flags = _ModeFlags()
 mode_flags.update(MODE.possible)
 MODE.on_change = mode_flags.update

@@ -1,0 +1,94 @@
+"""`isinstance(x, A)` for a sharded annotation `A`: the eager hot path.
+
+What `isinstance` (so beartype) calls, as shallow as jaxtyping's own. There is
+one function for each state of the mode, and the one in force is the
+metaclass's `__instancecheck__`, swapped when the state changes
+(`_core.modes.mode_flags`, told before any thread can see the new mode), so
+that no check asks which state it is in:
+
+- `while_off_nowhere`: no thread can be in mode "off" (the default). A cached
+  pass costs one read of the array's sharding and nothing else.
+- `while_off_everywhere`: every thread is in mode "off" (`JAXTYPING_SHARD_MODE=off`,
+  or `set_mode("off")` as the default, no other scope open). jaxtyping's check
+  and nothing else.
+- `while_modes_vary`: threads may be in different modes (a `with set_mode(...)`
+  scope of another mode than the default is open somewhere). Each check reads
+  its own thread's mode from JAX's thread-local state, as JAX's cache key does.
+
+Each step is counted in machine instructions in benchmarks/README.md ("Figures
+1, 2, 5 and 16, measured"). A `jax.Array` is told by its class
+(`isinstance(obj, Tracer)` and `.sharding` cost 4x that). jaxtyping's check
+runs on the unsharded base (same dims; transparent after `make_transparent`),
+not through our `_check_shape`, which only tracers need.
+"""
+
+from typing import Any
+
+import jax
+import jaxtyping
+from jax.core import Tracer
+
+from .._core.compat import ARRAY_IMPL
+from .._core.modes import mode_reader
+
+
+# jaxtyping's metaclass is not exported; take it from a public object.
+JaxtypingArrayMeta: Any = type(jaxtyping.Shaped[jax.Array, "..."])
+_jaxtyping_instancecheck_str = JaxtypingArrayMeta.__instancecheck_str__
+
+
+def while_off_nowhere(cls: Any, obj: Any) -> bool:
+    if obj.__class__ is ARRAY_IMPL:
+        if _jaxtyping_instancecheck_str(cls._jts_base, obj):
+            return False
+        # The sharding object this annotation last accepted: arrays share their
+        # sharding object, so `is` beats hashing (`_sharding` is a C++ property).
+        if obj._sharding is cls._jts_last:
+            return True
+        return cls._jts_sharding_str(obj) == ""
+    return _not_an_array(cls, obj)
+
+
+def while_off_everywhere(cls: Any, obj: Any) -> bool:
+    if obj.__class__ is ARRAY_IMPL:
+        return not _jaxtyping_instancecheck_str(cls._jts_base, obj)
+    return _not_an_array(cls, obj)
+
+
+def while_modes_vary(cls: Any, obj: Any) -> bool:
+    if obj.__class__ is ARRAY_IMPL:
+        if _jaxtyping_instancecheck_str(cls._jts_base, obj):
+            return False
+        # The mode first (JAX's `.value`, a C++ read of thread-local state): in
+        # mode "off" the sharding is never read.
+        if mode_reader.value == "off" or obj._sharding is cls._jts_last:
+            return True
+        return cls._jts_sharding_str(obj) == ""
+    return _not_an_array(cls, obj)
+
+
+def _not_an_array(cls: Any, obj: Any) -> bool:
+    """A tracer, a NumPy array, anything else: the general path, in any state."""
+    if isinstance(obj, Tracer):
+        return cls.__instancecheck_str__(obj) == ""
+    if cls._skip_instancecheck:
+        return True
+    if _jaxtyping_instancecheck_str(cls._jts_base, obj):
+        return False
+    try:
+        if obj.sharding is cls._jts_last:
+            return True
+    except AttributeError:  # a NumPy array, say: it lives on one device
+        pass
+    if mode_reader.value == "off":
+        return True
+    return cls._jts_sharding_str(obj) == ""
+
+
+def for_flags(flags: Any) -> Any:
+    """The `__instancecheck__` for the state `flags` (a `_ModeFlags`) describes."""
+    if flags.off_nowhere:
+        return while_off_nowhere
+    if flags.off_everywhere:
+        return while_off_everywhere
+    return while_modes_vary
