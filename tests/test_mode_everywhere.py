@@ -266,3 +266,70 @@ def test_off_everywhere_still_checks_shape_dtype_and_every_other_value(mesh_expl
     # Back in mode check, warm caches included (the trace is keyed on the mode).
     assert not isinstance(bad, A)
     assert not bool(traced(bad))
+
+
+def _mode_changes_under_checks(mesh, changes: int) -> list[str]:
+    """One thread changes the default (off <-> check) `changes` times while two
+    others check a mis-sharded and a good array, one of them inside a scope of
+    mode off every other check; a check must agree with the mode its thread read
+    before and after it, whenever no change of the default ended between."""
+    import sys
+
+    A = Float[Array, "b e", P("data", None)]
+    good = place(mesh, (8, 4), P("data", None))
+    bad = place(mesh, (8, 4), P("model", None))
+    assert isinstance(good, A) and not isinstance(bad, A)
+    ended = [0]  # changes ended so far
+    stop = threading.Event()
+    wrong: list[str] = []
+    previous_default = MODE.get_default()
+
+    def changer() -> None:
+        try:
+            for i in range(changes):
+                jts.set_mode("off" if i % 2 == 0 else "check")
+                ended[0] += 1
+        finally:
+            stop.set()
+
+    def checker(scoped: bool) -> None:
+        i = 0
+        while not stop.is_set() and len(wrong) < 5:
+            i += 1
+            # A scope of this thread alone (`MODE.push`: `with set_mode` would
+            # also change the default for a moment, as documented).
+            token = MODE.push("off") if scoped and i % 2 else None
+            seen, before = ended[0], mode_reader.value
+            got = isinstance(bad, A)
+            after = mode_reader.value
+            if token is not None:
+                MODE.pop(token)
+            if ended[0] == seen and before == after and got != (before == "off"):
+                wrong.append(f"mode {before!r}: a mis-sharded array gave {got}")
+            if not isinstance(good, A):
+                wrong.append(f"mode {before!r}: a good array refused")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: checks land mid-change
+    threads = [threading.Thread(target=checker, args=(s,)) for s in (False, True)]
+    threads.append(threading.Thread(target=changer))
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+        jts.set_mode(previous_default)
+    return wrong
+
+
+def test_checks_agree_with_their_mode_while_the_default_changes(mesh_explicit):
+    # Without the early announcement of a new default (`_set_global`), a check
+    # landing between JAX's change and the hot path's swap skipped the sharding
+    # in mode check: this test caught it in 6 runs of 6.
+    from jaxtyping_shard._annotation import hot_path
+    from jaxtyping_shard._core.modes import mode_flags
+
+    assert _mode_changes_under_checks(mesh_explicit, 2000) == []
+    assert _installed() is hot_path.for_flags(mode_flags) is hot_path.while_off_nowhere
