@@ -72,7 +72,14 @@ def _checked(n_args: int, annotations: list[Any], returns: Any) -> Any:
 def _times(n_args: int, mode: str, smoke: bool) -> dict:
     import _timing  # beside this file
     import jaxtyping
-    from _figures import make_mesh, place, PLAIN, sharded, SPECS  # beside this file
+    from _setup import (
+        make_mesh,
+        place,
+        PLAIN,
+        raises,
+        sharded,
+        SPECS,
+    )  # beside this file
     from jax.sharding import PartitionSpec as P
 
     import jaxtyping_shard as jts
@@ -89,30 +96,22 @@ def _times(n_args: int, mode: str, smoke: bool) -> dict:
     _timing.default_mode("check")
     if mode == "check":
         times = _timing.interleaved(stmts, settings)
-        live = _refuses(lambda: ours(*wrong), jaxtyping.TypeCheckError)
+        live = raises(lambda: ours(*wrong), jaxtyping.TypeCheckError)
     elif mode == "off":
         off = {name: lambda: _timing.default_mode("off") for name in stmts}
         times = _timing.interleaved(stmts, settings, setups=off)
-        live = not _refuses(lambda: ours(*wrong))
+        live = not raises(lambda: ours(*wrong))
     else:
         with jts.set_mode("off"):
             times = _timing.interleaved(stmts, settings)
-            live = not _refuses(lambda: ours(*wrong))
+            live = not raises(lambda: ours(*wrong))
     _timing.default_mode("check")
     return {"ours": times["ours"], "plain": times["plain"], "live": live}
 
 
-def _refuses(fn: Any, error: type = Exception) -> bool:
-    try:
-        fn()
-    except error:
-        return True
-    return False
-
-
 def _child(smoke: bool) -> None:
     sys.path.insert(0, str(HERE))
-    from run import force_cpu_devices  # beside this file
+    from _devices import force_cpu_devices  # beside this file
 
     force_cpu_devices()
     out = {_key(n, mode): _times(n, mode, smoke) for n, mode in VARIANTS}

@@ -23,48 +23,17 @@ import _transformer  # beside this file
 import _tree_figures  # beside this file
 import jax
 import jax.numpy as jnp
-import jaxtyping
 from _first_call import first_call  # beside this file, as _timing
+from _setup import make_mesh, place, PLAIN, raises, sharded  # beside this file
 from _timing import figure, fmt_s, interleaved, one_shots, Settings, timed
 from beartype import beartype
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from jaxtyping import Array, jaxtyped
+from jax.sharding import PartitionSpec as P
+from jaxtyping import jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float
 
 
-AXES = ("data", "model")
-SHAPE = (8, 4)
-# Eight arguments, each annotated with the spec it is placed with.
-SPECS = (P("data", None), P(None, "model"), P("data", "model"), P(), P("model", None))
-SPECS += (P(None, "data"), P(("data", "model"), None), P("data", None))
 CHAIN = 100  # checks per function in the compile and trace figures
-
-
-def make_mesh(kind: str) -> Any:
-    axis_type = AxisType.Auto if kind == "auto" else AxisType.Explicit
-    return jax.make_mesh((4, 2), AXES, axis_types=(axis_type,) * 2)
-
-
-def place(mesh: Any, spec: Any) -> Any:
-    x = jnp.arange(SHAPE[0] * SHAPE[1], dtype=jnp.float32).reshape(SHAPE)
-    return jax.device_put(x, NamedSharding(mesh, spec))
-
-
-def sharded(spec: Any) -> Any:
-    return Float[Array, "b e", spec]
-
-
-PLAIN = jaxtyping.Float[Array, "b e"]
-
-
-def _raises(fn: Callable[[], Any], error: type = Exception) -> bool:
-    try:
-        fn()
-    except error:
-        return True
-    return False
 
 
 # Figures 1 and 2 are in _eager.py (timed in fresh processes).
@@ -133,7 +102,7 @@ def jit_steady(settings: Settings) -> list[dict]:
     hlo = raw.lower(x).compile().as_text()
     custom_calls = hlo.count("custom-call(")
     wrong = jts.jit(_jit_fns(P("model", None), checked=True))
-    live = _raises(lambda: wrong(x), jts.ShardingTypeCheckError)
+    live = raises(lambda: wrong(x), jts.ShardingTypeCheckError)
     times = interleaved(
         {
             "plain": lambda: plain(x).block_until_ready(),
@@ -222,7 +191,7 @@ def compile_time(settings: Settings) -> list[dict]:
         with jts.sharding_errors():
             jax.jit(_chain(sharded(P("model", None)), False)).lower(x).compile()
 
-    live = _raises(wrong_compile, jts.ShardingTypeCheckError)
+    live = raises(wrong_compile, jts.ShardingTypeCheckError)
     times = one_shots(
         {
             "plain": compile_of(PLAIN, False),
@@ -270,7 +239,7 @@ def trace_time(settings: Settings) -> dict:
         return lambda: timed(lambda: jax.jit(_chain(annotation, False)).trace(x))
 
     wrong = _chain(sharded(P("model", None)), False)
-    live = _raises(lambda: jax.jit(wrong).trace(x), TypeError)
+    live = raises(lambda: jax.jit(wrong).trace(x), TypeError)
     times = one_shots(
         {"plain": trace_of(PLAIN), "ours": trace_of(sharded(P("data", None)))},
         settings.one_shot_repeats,

@@ -17,20 +17,7 @@ import sys
 import time
 
 
-DEVICE_COUNT = 8
 HERE = pathlib.Path(__file__).resolve().parent
-
-
-def force_cpu_devices(count: int = DEVICE_COUNT) -> None:
-    """Asks XLA for `count` CPU devices, unless `XLA_FLAGS` already sets a count.
-
-    Must run before JAX is imported; appends, as JAX's own test utilities do, so
-    other flags the user set are kept.
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_force_host_platform_device_count" not in flags:
-        flag = f"--xla_force_host_platform_device_count={count}"
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
 
 
 def format_table(figures: list[dict]) -> str:
@@ -72,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    sys.path.insert(0, str(HERE))
+    from _devices import force_cpu_devices  # beside this file, imports no JAX
+
     force_cpu_devices()
     # Imported here, after the device count is set: JAX reads XLA_FLAGS once.
-    sys.path.insert(0, str(HERE))
     import _figures
 
     start = time.perf_counter()

@@ -1,6 +1,7 @@
-"""The eager hot path reads the mode from `MODE.everywhere` (one list item) while
-every thread sees the same mode, and from JAX's thread-local state otherwise: the
-two must never disagree, whatever the order of scopes, defaults and threads."""
+"""The eager hot path is chosen by the modes some thread may be in (`MODE.possible`):
+it reads no mode while every thread sees the same one, and JAX's thread-local state
+otherwise. The two must never disagree, whatever the order of scopes, defaults and
+threads."""
 
 import threading
 
@@ -10,13 +11,19 @@ from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
-from jaxtyping_shard._core.modes import MODE, mode_reader, VARIES
+from jaxtyping_shard._core.modes import MODE, mode_reader
 
 from .helpers import place
 
 
+VARIES = "threads may see different modes"
+
+
 def _everywhere() -> object:
-    return MODE.everywhere()
+    # The mode every thread sees, by `MODE.possible` (what the hot path's state
+    # is derived from), or VARIES.
+    possible = MODE.possible
+    return next(iter(possible)) if len(possible) == 1 else VARIES
 
 
 def _agrees() -> None:

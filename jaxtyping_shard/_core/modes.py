@@ -51,14 +51,6 @@ def _fast_reader(user_context: Any) -> Any:
     return user_context
 
 
-class _Varies:
-    """What `ContextState.everywhere()` gives while threads may see different values."""
-
-    def __repr__(self) -> str:
-        return "VARIES"
-
-
-VARIES: Any = _Varies()
 _NO_VALUE: Any = object()
 
 
@@ -112,15 +104,9 @@ class ContextState(Generic[_T]):
         """The value in force in this thread: its innermost scope, else the default."""
         return self._reader.value
 
-    def everywhere(self) -> Any:
-        """The value every thread sees now, or VARIES."""
-        possible = self.possible
-        return next(iter(possible)) if len(possible) == 1 else VARIES
-
     def _update_possible(self, also: Any = _NO_VALUE) -> None:
-        # Under `self._lock`. Conservative: one open scope with another value than
-        # the default, in any thread, makes it VARIES (read JAX's state then);
-        # `also`, a value about to become the default, counts as possible.
+        # Under `self._lock`. Conservative: every open scope's value, in any
+        # thread, is possible (so is `also`, a value about to become the default).
         default = compat.get_user_context_global(self._context)
         possible = frozenset((default, *(v for v, n in self._open.items() if n)))
         if also is not _NO_VALUE:
