@@ -169,6 +169,10 @@ def test_dtypes_and_sizes():
     assert hlo.nbytes("pred", (3,)) == 3
     assert hlo.nbytes("s4", (3,)) == 2
     assert hlo.nbytes("f8e4m3fn", (5,)) == 5
+    # Sub-byte types packed, as XLA stores them (issue 33, item 5).
+    assert hlo.nbytes("f4e2m1fn", (5,)) == 3
+    assert hlo.nbytes("u2", (5,)) == 2
+    assert hlo.nbytes("c128", (2,)) == 32 and hlo.nbytes("bf16", (3,)) == 6
     assert [hlo.jax_dtype(d) for d in ("f32", "bf16", "s8", "u4", "pred", "c64")] == [
         "float32", "bfloat16", "int8", "uint4", "bool", "complex64"
     ]  # fmt: skip

@@ -27,6 +27,7 @@ from .._layout.spec import (
 from .._rules import scope as _rules
 from .._trees import like as _like, paths as _paths, walk as _tree
 from .._trees.stacked import stacked_prefixes
+from .sizes import array_bytes
 from .text import format_bytes
 
 
@@ -204,17 +205,10 @@ def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any) -> tuple:
     )
     if dtype is None:
         return shard, None, None
-    itemsize = _itemsize(dtype)
-    per_device = math.prod(shard) * itemsize
+    per_device = array_bytes(shard, dtype)  # sub-byte types packed, as XLA does
     devices = math.prod(mesh_sizes.values())
-    replicated = max(per_device * devices - math.prod(shape) * itemsize, 0)
+    replicated = max(per_device * devices - array_bytes(shape, dtype), 0)
     return shard, per_device, replicated
-
-
-def _itemsize(dtype: Any) -> int:
-    # JAX's extended dtypes (PRNG keys) have no NumPy dtype, but an itemsize.
-    itemsize = getattr(dtype, "itemsize", None)
-    return int(itemsize) if itemsize is not None else np.dtype(dtype).itemsize
 
 
 def _entry(value: Any) -> tuple:

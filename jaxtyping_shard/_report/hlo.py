@@ -32,12 +32,6 @@ KINDS = (
     "collective-broadcast",
 )
 
-_BITS = {
-    "pred": 8,
-    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
-    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
-    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
-}  # fmt: skip
 _NUMPY = {"pred": "bool", "bf16": "bfloat16", "c64": "complex64", "c128": "complex128"}
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
@@ -147,9 +141,10 @@ def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def nbytes(dtype: str, dims: tuple[int, ...]) -> int:
-    bits = _BITS.get(dtype)
-    if bits is None:  # the float8 family and others XLA may add: 8 bits or less
-        bits = 8
+    """The bytes of an XLA array: its type's bits (the number its name opens
+    with: `s4`, `bf16`, `f4e2m1fn`, `c64`; `pred` a byte) per element, packed."""
+    width = re.match(r"[a-z]+(\d+)", dtype)
+    bits = 8 if width is None else int(width.group(1))
     return (math.prod(dims) * bits + 7) // 8
 
 

@@ -122,8 +122,9 @@ class PreflightReport:
     def output_bytes(self) -> int:
         """Bytes per device of the results (of the leaves whose layout is known).
 
-        On CPU, XLA's `memory_analysis().output_size_in_bytes` is this plus 8
-        bytes per result leaf: the result tuple's table of buffer pointers."""
+        On CPU, XLA's `memory_analysis().output_size_in_bytes` is this for one
+        result leaf, and this plus 8 bytes per leaf for several: the result
+        tuple's table of buffer pointers."""
         return self._total(True)
 
     @property
