@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
@@ -182,3 +182,35 @@ def test_explain_reads_the_metadata():
     assert "blocks[1].w_in.value" in text
     assert "float32[8@data,16@model]" in text
     assert "embed mlp" in text  # the logical names, from the metadata
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto])
+def test_preflight_counts_returned_variables_by_their_metadata(kind):
+    # A step with no return hint returns the Variables: on an Auto mesh the trace
+    # gives their layout no more than the hint does, and their metadata is it
+    # (issue 33, item 5: they were "no sharding annotated", 0 bytes).
+    pod = AbstractMesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    _, state = nnx.split(build())
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    def step(state):
+        return jax.tree.map(lambda x: 2 * x, state)
+
+    with jts.axis_rules(RULES):
+        report = jts.preflight(step, shapes, mesh=pod)
+    out = {leaf.path: leaf for leaf in report.leaves if leaf.group == "outputs"}
+    w_in = out["outputs['blocks'][1]['w_in'].value"]
+    assert w_in.annotated and w_in.spec == P("data", "model")
+    assert w_in.bytes_per_device == 2 * 8 * 4
+    assert out["outputs['head'].value"].bytes_per_device == 2 * 4 * 4
+    kernel = out["outputs['blocks'][0]['w_out']['kernel'].value"]
+    assert kernel.spec == P("model", "data") and kernel.bytes_per_device == 64
+    annotated = [leaf for leaf in out.values() if leaf.annotated]
+    assert len(annotated) == 5 and not any(leaf in report.unknown for leaf in annotated)
+    # Only the leaves with no metadata are left to XLA on Auto axes, by name.
+    unknown = {leaf.path for leaf in report.unknown if leaf.group == "outputs"}
+    if kind == AxisType.Auto:
+        assert unknown == {p for p, leaf in out.items() if not leaf.annotated}
+        assert "['scale'].value" in " ".join(report.checks.not_checked)
+    else:
+        assert not unknown

@@ -332,6 +332,11 @@ def _rows(
         top = name + jax.tree_util.keystr(path[:1])
         row_path = name + jax.tree_util.keystr(path)
         annotated = has_sharding(annotation)
+        if spec is None and annotated:
+            # Annotated but not laid out by `jit` (a returned NNX Variable's
+            # metadata, with no return hint): on Auto axes the trace gives no
+            # layout, and the check at compile time holds it to this one.
+            spec = _bridge.spec_for(annotation, tuple(leaf.shape), mesh, row_path)
         rows.append(leaf_bytes(group, row_path, top, leaf, spec, annotated, mesh))
     return rows
 
