@@ -148,6 +148,11 @@ def test_module_reading_loops_branches_async_and_dead_code():
     assert by_name["nested"].executions == 5 * 3 + 1  # in the loop, and a branch
     assert by_name["unknown"].unknown_trips and by_name["unknown"].executions == 1
     assert by_name["in_branch"].executions == 1
+    # A call runs one branch of the conditional `k`: each collective in one says
+    # which; `inner`, reached from a loop too, is not inside it on every path.
+    assert by_name["in_branch"].branches == (hlo.Branch("k", 0, 2),)
+    assert by_name["nested"].branches == ()
+    assert not any(by_name[n].branches for n in ("looped", "unknown", "two"))
     assert by_name["in_branch"].pairs == ((0, 1), (1, 0))
     start = by_name["start"]
     assert start.kind == "all-gather" and start.groups == ((0, 1),)

@@ -21,7 +21,7 @@ import jax
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
 from . import hlo as _hlo
-from .table import NO_SOURCE
+from .table import branches, NO_SOURCE
 from .text import format_bytes
 
 
@@ -95,6 +95,28 @@ def select(
     return out
 
 
+def at_most(rows: Iterable[Any], value: Any, depth: int = 0) -> tuple[int, int]:
+    """The sums of `value(row)` (a pair) that one call runs at most: over the
+    rows outside any conditional, and of each conditional the branch with the
+    most (each of the pair on its own: a bound on both, not always one
+    branch's)."""
+    first = second = 0
+    conditionals: dict[str, dict[int, list]] = {}
+    for row in rows:
+        if len(row.branches) <= depth:
+            a, b = value(row)
+            first, second = first + a, second + b
+            continue
+        branch = row.branches[depth]
+        branches = conditionals.setdefault(branch.conditional, {})
+        branches.setdefault(branch.index, []).append(row)
+    for branches in conditionals.values():
+        totals = [at_most(inner, value, depth + 1) for inner in branches.values()]
+        first += max(t[0] for t in totals)
+        second += max(t[1] for t in totals)
+    return first, second
+
+
 def entries(report: Any) -> dict[tuple, dict]:
     """The baseline's entries of a report, by key."""
     out: dict[tuple, dict] = {}
@@ -126,10 +148,14 @@ def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
     sections of other releases."""
     sections = load(path)["jax"] if os.path.exists(path) else {}
     found = list(entries(report).values())
+    # What a call moves at most: of a conditional's branches, the largest.
+    arrays, size = at_most(
+        report.rows, lambda r: (r.executions * len(r.parts), r.bytes)
+    )
     sections[jax.__version__] = {
         "mesh": _mesh.sizes(report.mesh) if report.mesh is not None else {},
-        "arrays": sum(e["arrays"] for e in found),
-        "bytes": sum(e["bytes"] for e in found),
+        "arrays": arrays,
+        "bytes": size,
         "collectives": found,
     }
     lines = [
@@ -175,7 +201,7 @@ def _at(report: Any, key: tuple) -> str:
         for part in row.parts:
             source = part.source
             if source is not None and (row.kind, row.over, source.where) == key[:3]:
-                return str(source)
+                return str(source) + branches(row)
     return key[2]
 
 

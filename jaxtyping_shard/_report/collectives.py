@@ -28,6 +28,20 @@ class Part(NamedTuple):
     source: Optional[Source]  # None: XLA added it for a layout (no source)
 
 
+class Branch(NamedTuple):
+    """A branch of a `lax.cond` / `lax.switch` (an HLO `conditional`): a call
+    runs one of its branches, so a collective in it runs at most as counted."""
+
+    conditional: str  # the HLO instruction
+    index: int  # as `lax.switch` numbers them (`lax.cond`: 0 false, 1 true)
+    count: int  # branches
+    source: Optional[Source]  # the line of the `lax.cond` / `lax.switch`
+
+    def __str__(self) -> str:
+        at = f"{self.source.file}:{self.source.line}" if self.source else "?"
+        return f"branch {self.index} of {self.count} of the conditional at {at}"
+
+
 class Collective(NamedTuple):
     """One collective instruction of the compiled program."""
 
@@ -40,6 +54,9 @@ class Collective(NamedTuple):
     parts: tuple[Part, ...]
     name: str  # the HLO instruction
     unknown_trips: bool = False  # in a loop XLA knows no trip count of: one run
+    # The conditionals around it, outermost first: it runs only when its branch
+    # does (`executions` and `bytes` count a call that takes that branch).
+    branches: tuple[Branch, ...] = ()
 
     @property
     def layout_only(self) -> bool:
@@ -81,13 +98,21 @@ class Collectives:
 
     @property
     def count(self) -> int:
-        """Collectives run per call."""
-        return sum(r.executions for r in self.rows)
+        """Collectives run per call, at most: of each conditional's branches,
+        the one that runs the most (a call runs one)."""
+        return at_most(self.rows).count
 
     @property
     def bytes(self) -> int:
-        """Bytes each device receives (and sends) over one call."""
-        return sum(r.bytes for r in self.rows)
+        """Bytes each device receives (and sends) over one call, at most: of
+        each conditional's branches, the one that moves the most."""
+        return at_most(self.rows).bytes
+
+    @property
+    def branched(self) -> bool:
+        """Whether some collective is inside a `lax.cond` / `lax.switch` branch
+        (so the totals are what a call runs at most)."""
+        return any(r.branches for r in self.rows)
 
     def by_kind(self) -> dict[str, Total]:
         """Totals per kind (`all-gather`, `all-reduce`, ...)."""
@@ -98,11 +123,10 @@ class Collectives:
         return self._totals(lambda r: r.over)
 
     def _totals(self, key: Callable[[Collective], str]) -> dict[str, Total]:
-        out: dict[str, Total] = {}
+        grouped: dict[str, list[Collective]] = {}
         for row in self.rows:
-            total = out.get(key(row), Total(0, 0))
-            out[key(row)] = Total(total.count + row.executions, total.bytes + row.bytes)
-        return dict(sorted(out.items()))
+            grouped.setdefault(key(row), []).append(row)
+        return {k: at_most(rows) for k, rows in sorted(grouped.items())}
 
     def where(
         self,
@@ -229,10 +253,24 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
                 parts,
                 raw.name,
                 raw.unknown_trips,
+                tuple(
+                    Branch(
+                        b.conditional,
+                        b.index,
+                        b.count,
+                        resolver.source(sources.stack(b.conditional)),
+                    )
+                    for b in raw.branches
+                ),
             )
         )
     rows.sort(key=_order)
     return Collectives(rows, _name(fn), mesh)
+
+
+def at_most(rows: Iterable[Collective]) -> Total:
+    """What one call runs at most of `rows` (`budget.at_most`)."""
+    return Total(*_budget.at_most(rows, lambda r: (r.executions, r.bytes)))
 
 
 _jitted: "weakref.WeakKeyDictionary[Callable, Any]" = weakref.WeakKeyDictionary()

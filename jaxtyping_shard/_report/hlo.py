@@ -42,6 +42,7 @@ _CALLS = re.compile(
     r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
 )
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_NAME = re.compile(r"%?([\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
 
@@ -56,6 +57,16 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """One branch of a `conditional` (a `lax.cond` or `lax.switch`): a call of
+    the program runs one of its `count` branches, not all of them."""
+
+    conditional: str  # the instruction
+    index: int  # as `lax.switch` numbers them (a `lax.cond`: 0 false, 1 true)
+    count: int
+
+
+@dataclass(frozen=True)
 class RawCollective:
     """One collective instruction, as the module says it."""
 
@@ -67,6 +78,7 @@ class RawCollective:
     pairs: tuple[tuple[int, int], ...]  # collective-permute's (source, target)
     executions: int  # per call of the program (trip counts multiplied)
     unknown_trips: bool  # inside a loop whose trip count XLA does not know
+    branches: tuple[Branch, ...] = ()  # the conditionals around it, outermost first
 
 
 @dataclass(frozen=True)
@@ -177,7 +189,7 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
     module = _Module(text)
     if module.entry is None:
         return [], Graph({}, {})
-    runs, unknown = _executions(module, module.entry)
+    runs, unknown, inside = _executions(module, module.entry)
     operands: dict[str, tuple[str, ...]] = {}
     users: dict[str, list[str]] = {}
     found = []
@@ -206,6 +218,7 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
                     _groups.pairs(instruction.attributes),
                     runs[computation],
                     computation in unknown,
+                    inside.get(computation, ()),
                 )
             )
     return found, Graph(
@@ -220,24 +233,40 @@ def _kind(opcode: str) -> Optional[str]:
     return base if base in KINDS else None
 
 
-def _executions(module: _Module, entry: str) -> tuple[dict[str, int], set[str]]:
+def _executions(
+    module: _Module, entry: str
+) -> tuple[dict[str, int], set[str], dict[str, tuple[Branch, ...]]]:
     """How many times one call runs each computation reachable from the entry
-    (`while` bodies: their known trip count), and those inside a loop of
-    unknown trip count (counted once)."""
+    (`while` bodies: their known trip count; each branch of a `conditional` as
+    if it ran, which one call runs at most), those inside a loop of unknown trip
+    count (counted once), and the conditionals' branches each one is in."""
     runs: dict[str, int] = {}
     unknown: set[str] = set()
-    stack = [(entry, 1, False)]
+    inside: dict[str, tuple[Branch, ...]] = {}
+    stack: list[tuple[str, int, bool, tuple[Branch, ...]]] = [(entry, 1, False, ())]
     while stack:
-        computation, times, loose = stack.pop()
+        computation, times, loose, branches = stack.pop()
         runs[computation] = runs.get(computation, 0) + times
+        # Reached by several paths (XLA gives each call site its own copy, so
+        # rarely): inside only the conditionals all of them are inside.
+        seen = inside.setdefault(computation, branches)
+        if seen != branches:
+            common = next(
+                (i for i, (a, b) in enumerate(zip(seen, branches)) if a != b),
+                min(len(seen), len(branches)),
+            )
+            inside[computation] = seen[:common]
         if loose:
             unknown.add(computation)
         for instruction in module.body(computation):
             if instruction.opcode == "fusion":
                 continue  # a fusion's body holds no collective
-            callees = [c for _, c in _CALLS.findall(instruction.attributes)]
-            for branches in _BRANCHES.findall(instruction.attributes):
-                callees += re.findall(r"%?([\w.\-]+)", branches)
+            callees = [
+                (c, 1 if what == "true_computation" else 0)
+                for what, c in _CALLS.findall(instruction.attributes)
+            ]
+            for listed in _BRANCHES.findall(instruction.attributes):
+                callees += [(c, k) for k, c in enumerate(_NAME.findall(listed))]
             factor, inner_loose = 1, loose
             if instruction.opcode == "while":
                 trip = _TRIP.search(instruction.attributes)
@@ -249,7 +278,12 @@ def _executions(module: _Module, entry: str) -> tuple[dict[str, int], set[str]]:
                 instruction.opcode.startswith("async")
             ):
                 continue  # `to_apply` of a reduction: a scalar function
-            for callee in callees:
-                if callee in module:
-                    stack.append((callee, times * factor, inner_loose))
-    return runs, unknown
+            for callee, index in callees:
+                if callee not in module:
+                    continue
+                within = branches
+                if instruction.opcode == "conditional":
+                    branch = Branch(instruction.name, index, len(callees))
+                    within = (*branches, branch)
+                stack.append((callee, times * factor, inner_loose, within))
+    return runs, unknown, inside

@@ -16,17 +16,19 @@ def describe(source: Any) -> str:
 
 
 def table(report: Any) -> str:
+    most = "at most " if report.branched else ""
     head = (
         f"collectives of `{report.function}` on mesh "
-        f"{_mesh.format_mesh(report.mesh)}: {report.count} per call, "
-        f"{format_bytes(report.bytes)} per device"
-    )
+        f"{_mesh.format_mesh(report.mesh)}: {most}{report.count} per call, "
+        f"{most}{format_bytes(report.bytes)} per device"
+    ) + (" (a call runs one branch of each conditional)" if most else "")
     cells = [("kind", "over", "bytes/device", "array", "line")]
     for row in report.rows:
         kind = row.kind + (f" x{row.executions}" if row.executions > 1 else "")
         if row.unknown_trips:
             kind += " (per loop step)"
         groups = _by_source(row.parts)
+        branch = branches(row)
         if len(groups) == 1:
             ((source, parts),) = groups
             shape = parts[0].shape if len(parts) == 1 else f"{len(parts)} arrays"
@@ -36,13 +38,13 @@ def table(report: Any) -> str:
                     row.over or "-",
                     format_bytes(row.bytes),
                     shape,
-                    describe(source),
+                    describe(source) + branch,
                 )
             )
             continue
         cells.append(
             (kind, row.over or "-", format_bytes(row.bytes), f"{len(row.parts)} "
-             "arrays", f"merged by XLA from {len(groups)} lines:")
+             "arrays", f"merged by XLA from {len(groups)} lines{branch}:")
         )  # fmt: skip
         for source, parts in groups:
             shape = parts[0].shape if len(parts) == 1 else f"{len(parts)} arrays"
@@ -60,6 +62,15 @@ def table(report: Any) -> str:
         )
         lines.append(f"{name}: {said or 'none'}")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def branches(row: Any) -> str:
+    """` [in branch 1 of 2 of the conditional at f.py:9: runs only when it
+    does]`, or `""` outside any conditional."""
+    if not row.branches:
+        return ""
+    inner = ", within ".join(str(b) for b in reversed(row.branches))
+    return f" [in {inner}: runs only when it does]"
 
 
 def _by_source(parts: tuple) -> list:
