@@ -40,6 +40,12 @@ def pytest_addoption(parser):
         default=False,
         help="run the differential tests with many more examples",
     )
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        default=os.environ.get("JAXTYPING_SHARD_TEST_ORDER") == "reverse",
+        help="run the tests in reverse order (also JAXTYPING_SHARD_TEST_ORDER=reverse)",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +53,14 @@ def slow(request):
     return request.config.getoption("--slow")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     # The property tests (those whose example count the `slow` fixture sets) take
     # most of the run: marked `slow`, so `pytest -m "not slow"` gives a quick look.
     for item in items:
         if "slow" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    # No test may need an earlier one (a warm cache, a compile, a global): run in
+    # reverse, the files and the tests in each, every test comes before those it
+    # followed. CI's suite at the newest releases runs so (`.ci/run`).
+    if config.getoption("--reverse"):
+        items.reverse()

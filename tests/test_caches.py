@@ -16,7 +16,7 @@ import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 from jaxtyping_shard.pytest_plugin import make_mesh
 
-from .helpers import CHECK_ERRORS, make_identity, place
+from .helpers import CHECK_ERRORS, Compiles, make_identity, place
 
 
 A = Float[Array, "b e", P("data", None)]
@@ -172,3 +172,30 @@ def test_fast_reader_reads_the_same_state():
     with jts.set_mode("warn"):
         assert _config.MODE._reader.value == "warn" == _config.MODE._context.value
     assert _config.MODE._reader.value == "check" == _config.MODE._context.value
+
+
+@pytest.mark.parametrize("first", ["call", "lower"])
+def test_a_call_and_lower_on_abstract_values_share_one_compile(kind, first):
+    # Issue 33, item 5: `lower` on `jax.ShapeDtypeStruct`s (as `jts.collectives`
+    # and the baselines use it) derived the same shardings as a call with the
+    # arrays, but made its own `jit`, so the step was traced and compiled again.
+    mesh, good, _ = _values(kind)
+    traces = []
+
+    @jts.jit(in_shardings="annotations", out_shardings="annotations")
+    def step(v: A) -> A:
+        traces.append(1)
+        return v * 2
+
+    shapes = jax.ShapeDtypeStruct(good.shape, good.dtype, sharding=good.sharding)
+    with jax.set_mesh(mesh), Compiles() as compiles:
+        if first == "call":
+            step(good)
+            step.lower(shapes).compile()
+            report = jts.collectives(step, shapes)
+        else:
+            step.lower(shapes).compile()
+            step(good)
+            report = jts.collectives(step, shapes)
+    assert len(traces) == 1 and compiles.count == 1
+    assert report.count == 0  # a step laid out as annotated moves nothing

@@ -75,6 +75,7 @@ class AnnotatedJit:
         )
         self._plain = make(fun, **kwargs)  # inside another trace
         self._cache: dict = {}
+        self._trees: dict = {}  # `Entry.tree`'s jits, one per layout
         self._lock = threading.Lock()
         # Per mode (a loop may time a step with checks on and off in turn): the
         # entry the last ordinary call went through, see `_jit_entry`.
@@ -276,6 +277,7 @@ class AnnotatedJit:
                 with self._lock:
                     if len(self._cache) >= _CACHE_LIMIT:
                         self._cache.clear()
+                        self._trees.clear()
                     self._cache[key] = entry
         else:
             values = None

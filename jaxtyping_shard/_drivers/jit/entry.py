@@ -79,8 +79,39 @@ class Entry:
 
     def tree(self) -> Any:
         if self._tree is None:
-            self._tree = self._owner._make(self._function(), **self._kwargs)
+            # One per layout: entries whose leaves `jit` lays out alike (a call's
+            # committed arrays and `lower`'s abstract values, say) share it, and
+            # so JAX's caches: a step called once is not compiled again for
+            # `jts.collectives` or `lower` on `jax.ShapeDtypeStruct`s.
+            key = self._layout_key()
+            shared = self._owner._trees
+            tree = shared.get(key) if key is not None else None
+            if tree is None:
+                tree = self._owner._make(self._function(), **self._kwargs)
+                if key is not None:
+                    tree = shared.setdefault(key, tree)
+            self._tree = tree
         return self._tree
+
+    def _layout_key(self) -> Any:
+        """What makes this entry's `tree` jit: its keyword arguments (the derived
+        shardings among them) and the leaves its boundary is told `jit` lays
+        out; `None` when unhashable."""
+        kwargs = tuple(
+            (k, _flat_key(v)) if k in ("in_shardings", "out_shardings") else (k, v)
+            for k, v in sorted(self._kwargs.items())
+        )
+        key = (
+            kwargs,
+            self._names,
+            _flat_key(self.in_leaves),
+            _flat_key(self._out_leaves),
+        )
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def _function(self) -> Callable:
         """The owner's function, its boundary checks told which leaves
@@ -164,6 +195,12 @@ class Speculation:
             # so that the ordinary way's call of this jit fills it properly.
             jitted._clear_cache()
             raise
+
+
+def _flat_key(tree: Any) -> Any:
+    """A tree of shardings (`None` where unspecified) as its structure and leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    return treedef, tuple(leaves)
 
 
 def flat_function(fun: Callable, layout: tuple) -> Callable:
