@@ -28,7 +28,8 @@ class Part(NamedTuple):
     source: Optional[Source]  # None: XLA added it for a layout (no source)
 
 
-class Branch(NamedTuple):
+@dataclass(frozen=True)
+class Branch:
     """A branch of a `lax.cond` / `lax.switch` (an HLO `conditional`): a call
     runs one of its branches, so a collective in it runs at most as counted."""
 

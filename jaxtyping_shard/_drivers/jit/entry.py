@@ -4,7 +4,8 @@ speculative call that dispatches a steady-state call to it without Python work.
 An `Entry` holds the `jit` keyword arguments derived for one call signature
 (tree structures, shapes, dtypes, mesh, rules), made into a `jit` of the
 function itself (`tree`) or of its arguments' flat leaves (`flat`) when first
-used.
+used. Entries whose layouts are equal (a call's committed arrays and `lower`'s
+`jax.ShapeDtypeStruct`s, say) share one `tree` jit, and so JAX's caches.
 
 **Speculation.** A training loop calls its step with arguments of the same
 signature every time, and finding the entry (binding the signature, flattening
