@@ -245,3 +245,40 @@ def test_gradient_reduced_inside_the_loop_fails_at_return(mesh_explicit, checker
     text = str(info.value)
     assert "the return value" in text.split("is not")[0]
     assert "not unreduced over 'data' as `e m {U:data}`" in text
+
+
+# -- item 4: the collectives of the step: one all-reduce over data, or one per
+# micro-batch when the tag is dropped (the parameters not marked reduced)
+
+
+def _plain_step(mark: bool):
+    def step(w, xs):
+        if mark:
+            w = reshard(w, REDUCED_P)
+        spec = jts.out_sharding(G) if mark else P(None, None)
+        acc = jnp.zeros(w.shape, w.dtype, out_sharding=spec)
+
+        def body(acc, xb):
+            return acc + jax.grad(_loss)(w, xb), None
+
+        return reshard(jax.lax.scan(body, acc, xs)[0], P(None, None))
+
+    return jax.jit(step)
+
+
+def test_collectives_one_reduction_per_step(mesh_explicit):
+    w = place(mesh_explicit, (4, 2), P())
+    xs = place(mesh_explicit, (4, 8, 4), P(None, "data"))
+    budget = [{"kind": "all-reduce", "axes": "data", "inside": ["_loss"]}]
+    with jax.set_mesh(mesh_explicit):
+        deferred = jts.collectives(_plain_step(True), w, xs)
+        dropped = jts.collectives(_plain_step(False), w, xs)
+    ((once,),) = [deferred.where(kind="all-reduce", axes="data").rows]
+    assert once.executions == 1  # outside the micro-batch loop
+    deferred.check(forbid=budget)
+    ((per_micro,),) = [dropped.where(kind="all-reduce", axes="data").rows]
+    assert per_micro.executions == 4  # one per micro-batch
+    if not _compat.hlo_stack_frames_usable():
+        return  # JAX 0.8 keeps no functions to select by (tests/test_collectives)
+    with pytest.raises(jts.CollectiveBudgetError, match=r"test_unreduced\.py:\d+"):
+        dropped.check(forbid=budget)
