@@ -275,10 +275,10 @@ def test_collectives_one_reduction_per_step(mesh_explicit):
         dropped = jts.collectives(_plain_step(False), w, xs)
     ((once,),) = [deferred.where(kind="all-reduce", axes="data").rows]
     assert once.executions == 1  # outside the micro-batch loop
-    deferred.check(forbid=budget)
     ((per_micro,),) = [dropped.where(kind="all-reduce", axes="data").rows]
     assert per_micro.executions == 4  # one per micro-batch
     if not _compat.hlo_stack_frames_usable():
         return  # JAX 0.8 keeps no functions to select by (tests/test_collectives)
+    deferred.check(forbid=budget)
     with pytest.raises(jts.CollectiveBudgetError, match=r"test_unreduced\.py:\d+"):
         dropped.check(forbid=budget)

@@ -285,7 +285,9 @@ def pending_axes_missing(kinds: tuple[str, ...]) -> str:
     lacking = []
     for kind in kinds:
         try:
-            ok = hasattr(jax.sharding.PartitionSpec(**{kind: {"_probe"}}), kind)
+            ok = hasattr(
+                jax.sharding.PartitionSpec(**{kind: frozenset({"_probe"})}), kind
+            )
         except TypeError:
             ok = False
         if not ok:

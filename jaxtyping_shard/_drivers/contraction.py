@@ -129,13 +129,11 @@ def derived_spec(
                 )
             holder[axis] = letter
     entries = tuple(per_letter.get(letter, ()) for letter in output)
-    summed = {
-        axis
-        for term, axes_of in zip(terms, specs)
-        for letter, axes in zip(term, axes_of or ())
-        if letter not in kept
-        for axis in axes
-    }
+    summed: set[str] = set()
+    for term, split in zip(terms, specs):
+        for letter, axes in zip(term, split or ()):
+            if letter not in kept:
+                summed.update(tuple(axes))
     return make_spec(entries, summed if pending else ())
 
 

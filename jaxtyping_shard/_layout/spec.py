@@ -83,7 +83,9 @@ def make_spec(
     parts = (e[0] if len(e) == 1 else e or None for e in entries)
     if not unreduced and not reduced:
         return PartitionSpec(*parts)
-    return PartitionSpec(*parts, unreduced=set(unreduced), reduced=set(reduced))
+    return PartitionSpec(
+        *parts, unreduced=frozenset(unreduced), reduced=frozenset(reduced)
+    )
 
 
 def format_pending(unreduced: Any, reduced: Any) -> str:
@@ -207,8 +209,10 @@ class Layout:
     `PartitionSpec(unreduced=..., reduced=...)`; Explicit axes only).
     """
 
-    __slots__ = ("prefix", "suffix", "text", "axes", "min_rank", "_specs")
-    __slots__ += ("unreduced", "reduced")
+    __slots__ = (
+        *("prefix", "suffix", "text", "axes", "min_rank", "_specs"),
+        *("unreduced", "reduced"),
+    )
 
     def __init__(
         self,
