@@ -170,3 +170,28 @@ def test_explain_and_preflight_bytes(mesh_explicit):
         report = jts.preflight(grads, jts.reshard(params, {"w": W}), x)
     assert "float32[4,2@model]{U:data}" in str(report)
     assert "float32[4,2@model]{R:data}" in str(report)
+
+
+def test_drivers_refuse_them_on_auto_axes(mesh_auto):
+    w = place(mesh_auto, (4, 2), P())
+
+    @jts.jit(in_shardings="annotations")
+    def step(params: dict[str, W]) -> dict[str, W]:
+        return params
+
+    attempts = {
+        "sharding_of": lambda: jts.sharding_of(W, mesh_auto),
+        "tree['w']": lambda: jts.shardings({"w": w}, mesh_auto, annotations={"w": W}),
+        "reshard": lambda: jax.jit(lambda v: jts.reshard(v, G))(w),
+        "test_drivers_refuse_them_on_auto_axes.<locals>.step: params['w']": lambda: (
+            step({"w": w})
+        ),
+    }
+    with jax.set_mesh(mesh_auto):
+        for culprit, attempt in attempts.items():
+            with pytest.raises(jts.ShardingAnnotationError) as info:
+                attempt()
+            text = str(info.value)
+            assert text.startswith(culprit), text
+            assert "not `Explicit` axes of the mesh" in text
+        assert jts.out_sharding(G) is None  # XLA chooses on Auto axes

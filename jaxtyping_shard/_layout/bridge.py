@@ -9,7 +9,7 @@ the rules in force).
 
 from typing import Any, Optional, Union
 
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
@@ -237,4 +237,13 @@ def named_sharding(
                     f"{_mesh.format_mesh(mesh)} has axes {axes}. Fix the axis name "
                     "in the annotation, or pass the mesh you meant."
                 )
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    if pending - set(explicit):
+        raise ShardingAnnotationError(
+            f"{where}: {describe(annotation)} asks for a value unreduced or reduced "
+            f"over {', '.join(repr(a) for a in sorted(pending - set(explicit)))}, "
+            f"not `Explicit` axes of the mesh {_mesh.format_mesh(mesh)}: JAX has "
+            "unreduced and reduced values only on `Explicit` axes. Make those axes "
+            "`Explicit`, or annotate without `unreduced` / `reduced`."
+        )
     return NamedSharding(mesh, spec)
