@@ -95,6 +95,33 @@ def test_a_jax_without_them_is_named(monkeypatch):
     assert _compat.pending_axes_missing(("unreduced", "reduced")) == ""
 
 
+def test_logical_verdicts_eager_and_traced(mesh_explicit):
+    LW = Float[Array, "embed mlp", jts.Logical(reduced=("batch",))]
+    LG = Float[Array, "embed mlp", jts.Logical(unreduced=("batch",))]
+    rules = {"batch": "data", "embed": None, "mlp": "model"}
+    w = place(mesh_explicit, (4, 2), P(None, "model"))
+    x = place(mesh_explicit, (8, 4), P("data"))
+    seen = []
+
+    def f(w, x):
+        g = jax.grad(lambda w: jnp.sum(x @ w))(w)
+        seen.extend([isinstance(g, LG), isinstance(w, LW), isinstance(g, LW)])
+        seen.append(LG.__instancecheck_str__(w))
+        return g
+
+    with jts.axis_rules(rules), jax.set_mesh(mesh_explicit):
+        wr = jts.reshard(w, LW)
+        assert wr.sharding.spec == P(None, "model", reduced={"data"})
+        assert [isinstance(v, LW) for v in (wr, w)] == [True, False]
+        jax.jit(f).trace(wr, x)
+    assert seen[:3] == [True, True, False]
+    assert (
+        "is not unreduced over 'data' as P(None, 'model', unreduced={'data'})"
+        in (seen[3])
+    )
+    assert "'batch': 'data'" in seen[3]  # the rule that named the axis
+
+
 # -- item 2: the verdict, eager and at trace time
 
 

@@ -177,6 +177,7 @@ def physical_layout(
     entries = resolve(layout, shape, mesh, rules, where)
     ndim = shape if isinstance(shape, int) else len(shape)
     names = [n for n in layout.names(ndim) if n is not None]
+    names += [n for group in layout.pending for n in group]  # `unreduced=` too
     ruled = [n for n in names if rules is not None and rules.candidates(n)]
     if layout.direct and not ruled:
         how = "its names taken as mesh axes"
