@@ -55,7 +55,7 @@ from ._rules.scope import (
 from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
-from ._trees.like_hint import Like as Like
+from ._trees.like_hint import Like as Like, Unreduced as Unreduced
 
 
 if _typing.TYPE_CHECKING:
@@ -157,7 +157,7 @@ __all__ = [
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Stacked",
     "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",
-    "Used", "abstract", "as_used",
+    "Unreduced", "Used", "abstract", "as_used",
     "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",
     "format_spec", "fsdp",
     "get_axis_rules",

@@ -40,7 +40,7 @@ BAD = [
         "holds 2, which is not a mesh axis name",
     ),
     (lambda: Float[Array, "b e", P(P.UNCONSTRAINED)], "UNCONSTRAINED"),
-    (lambda: Float[Array, "b e", P("data", unreduced={"model"})], "unreduced"),
+    (lambda: Float[Array, "b e {U:data} {R:x}"], "braces stand only in"),
     (lambda: Float[float, "", P()], "a sharding needs an array type"),
     (lambda: Float[Float[Array, "e", P("data")], "b"], "would drop its sharding"),
     (lambda: Float[Float[Array, "e", P("data")], "b", P()], "would drop its sharding"),

@@ -97,10 +97,10 @@ ROWS = [
         "UNCONSTRAINED",
     ),
     (
-        "unreduced",
-        lambda: Float[Array, "b e", P("data", unreduced={"model"})],
+        "unreduced, inline, empty",
+        lambda: Float[Array, "b e {U:}"],
         ASE,
-        "unreduced",
+        "is not a list of unreduced / reduced axes",
     ),
     ("scalar type", lambda: Float[float, "", P()], ASE, "needs an array type"),
     (

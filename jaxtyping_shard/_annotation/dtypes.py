@@ -24,7 +24,7 @@ from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_flags, mode_reader
 from .._layout import notation as _notation, resolve as _resolve, spec as _spec
 from .._layout.logical import is_logical, logical_layout, register_annotation_maker
-from .._layout.validate import validate_spec
+from .._layout.validate import spec_layout, validate_spec
 from .._rules.scope import current as _current_rules
 from .._verdict import inputs as _inputs, manual as _manual
 from .._verdict.check import check
@@ -151,8 +151,11 @@ def physical_annotation(cls: Any, shape: Any, mesh: Any, rules: Any) -> Any:
     twin = by_text.get(layout.text)
     if twin is None:
         entries = _resolve.resolve(cls._jts, shape, mesh, rules, cls.__name__)
-        spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
-        name = f"{cls.__name__[:-1]} -> {_spec.format_entries(entries)}]"
+        spec = _spec.make_spec(entries, layout.unreduced, layout.reduced)
+        shown = _spec.format_entries(entries)
+        if layout.unreduced or layout.reduced:
+            shown = _spec.format_spec(spec)
+        name = f"{cls.__name__[:-1]} -> {shown}]"
         twin = _wrap(cls._jts_base, layout, name, cls._jts_dim_str, spec)
         if len(by_text) >= _TWIN_LIMIT:
             by_text.clear()
@@ -246,10 +249,12 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
         elif spec_arg is not None:
             entries = _spec.entries_of(spec_arg)
             text = _spec.format_spec(spec_arg)
-            as_inline = _notation.inline_for_spec(plain_dim_str.strip(), entries)
+            as_inline = _notation.inline_for_spec(
+                plain_dim_str.strip(), entries, spec_arg
+            )
             if as_inline:
                 text = f"{text} (`{as_inline}`)"
-            layout = _spec.Layout(entries, (), text)
+            layout = spec_layout(spec_arg, where, text)
         elif inline is not None:
             layout = inline
         else:

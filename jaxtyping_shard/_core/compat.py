@@ -5,6 +5,7 @@ and what differs across it are listed in docs/compat.md; CI tests both ends.
 """
 
 import contextlib
+import functools
 import importlib
 import os
 import re
@@ -270,3 +271,32 @@ class _NoValueHasThisClass:
 ARRAY_IMPL: type = (
     _ArrayImpl if hasattr(_ArrayImpl, "_sharding") else _NoValueHasThisClass
 )
+
+
+@functools.cache
+def pending_axes_missing(kinds: tuple[str, ...]) -> str:
+    """Which of `kinds` ("unreduced", "reduced") the installed JAX's
+    `PartitionSpec` lacks, with the release that has them; "" when it has all.
+
+    Every supported release (0.8.1 and newer) has both; an older JAX, whose
+    `PartitionSpec` takes no such keyword, gets this message rather than a
+    `TypeError` from inside jaxtyping_shard.
+    """
+    lacking = []
+    for kind in kinds:
+        try:
+            ok = hasattr(
+                jax.sharding.PartitionSpec(**{kind: frozenset({"_probe"})}), kind
+            )
+        except TypeError:
+            ok = False
+        if not ok:
+            lacking.append(kind)
+    if not lacking:
+        return ""
+    return (
+        f"the installed JAX {jax.__version__} has no `PartitionSpec("
+        f"{'=..., '.join(lacking)}=...)`; JAX 0.8.1 (jaxtyping_shard's floor) and "
+        "newer have both `unreduced=` and `reduced=`. Upgrade JAX, or annotate the "
+        "layout without them."
+    )

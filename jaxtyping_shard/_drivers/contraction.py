@@ -16,7 +16,8 @@ from jax.sharding import AxisType, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout.spec import entries_of
+from .._layout.spec import entries_of, has_sharding, make_spec
+from .reshard import out_sharding
 
 
 def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
@@ -47,7 +48,10 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
         ```
 
     **Arguments:** as `jnp.einsum`: explicit subscripts (`"bsm,me->bse"`), the
-    operands, and its keywords. An `out_sharding=` given is used as given.
+    operands, and its keywords. An `out_sharding=` given is used as given (an
+    annotation too: `jts.out_sharding` of it). `unreduced=True`: the sum over
+    the contracted dims' `Explicit` axes is left pending, as JAX's
+    `P(..., unreduced={...})` (a micro-batch's gradient, summed once per step).
 
     **Returns:** the result.
 
@@ -57,16 +61,27 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
     [`jaxtyping_shard.as_used`][]); or, when a layout must be derived, for
     subscripts without `->` or with `...`.
     """
-    if "out_sharding" not in kwargs:
-        spec = derived_spec(subscripts, operands)
+    pending = bool(kwargs.pop("unreduced", False))
+    given = kwargs.get("out_sharding")
+    if (
+        given is not None
+        and has_sharding(given)
+        and not isinstance(given, PartitionSpec)
+    ):
+        kwargs["out_sharding"] = out_sharding(given)  # an annotation
+    elif "out_sharding" not in kwargs:
+        spec = derived_spec(subscripts, operands, pending)
         if spec is not None:
             kwargs["out_sharding"] = spec
     return jnp.einsum(subscripts, *operands, **kwargs)
 
 
-def derived_spec(subscripts: str, operands: tuple) -> Optional[PartitionSpec]:
+def derived_spec(
+    subscripts: str, operands: tuple, pending: bool = False
+) -> Optional[PartitionSpec]:
     """The result layout over `Explicit` axes when a contracted dim is split on
-    them; `None` when JAX needs none (or no mesh is known)."""
+    them; `None` when JAX needs none (or no mesh is known). `pending`: the
+    contracted dims' axes are left unreduced."""
     specs = [_explicit_entries(x) for x in operands]
     if all(s is None for s in specs):
         return None
@@ -113,8 +128,13 @@ def derived_spec(subscripts: str, operands: tuple) -> Optional[PartitionSpec]:
                     "(`jts.as_used(module)`, `jts.reshard(w, jts.Used[W])`)."
                 )
             holder[axis] = letter
-    entries = [per_letter.get(letter, ()) for letter in output]
-    return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    entries = tuple(per_letter.get(letter, ()) for letter in output)
+    summed: set[str] = set()
+    for term, split in zip(terms, specs):
+        for letter, axes in zip(term, split or ()):
+            if letter not in kept:
+                summed.update(tuple(axes))
+    return make_spec(entries, summed if pending else ())
 
 
 def _explicit_entries(x: Any) -> Optional[tuple]:

@@ -9,7 +9,7 @@ the rules in force).
 
 from typing import Any, Optional, Union
 
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
@@ -72,9 +72,11 @@ def spec_for(
         pad_to = ndim
     known = shape if isinstance(shape, tuple) else ndim
     label = f"{where}: {describe(annotation)}" if where else describe(annotation)
-    entries = _resolve.resolve(layout, known, mesh, _current_rules(), label)
+    rules = _current_rules()
+    entries = _resolve.resolve(layout, known, mesh, rules, label)
     entries = entries + ((),) * (pad_to - len(entries))
-    return PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    unreduced, reduced = _resolve.pending(layout, mesh, rules, label)
+    return _spec.make_spec(entries, unreduced, reduced)
 
 
 def _lead_spec(
@@ -101,7 +103,7 @@ def _lead_spec(
             f"{error} (after the leaf's {n} declared stacked dim{'s' * (n > 1)}: "
             "check `stacked=` or its `jts.Stacked[...]` field)"
         ) from None
-    return PartitionSpec(*annotation.lead, *spec)
+    return spec.update(partitions=(*annotation.lead, *_spec.partitions_of(spec)))
 
 
 def needs_shape(annotation: Any) -> bool:
@@ -222,7 +224,8 @@ def named_sharding(
     """`NamedSharding(mesh, spec)`, with an error naming a missing mesh axis."""
     mesh = resolve_mesh(mesh, where)
     names = set(mesh.axis_names)
-    for entry in spec:
+    pending = _spec.unreduced_axes(spec) | _spec.reduced_axes(spec)
+    for entry in (*_spec.partitions_of(spec), tuple(sorted(pending))):
         for axis in (
             () if entry is None else (entry,) if isinstance(entry, str) else entry
         ):
@@ -234,4 +237,13 @@ def named_sharding(
                     f"{_mesh.format_mesh(mesh)} has axes {axes}. Fix the axis name "
                     "in the annotation, or pass the mesh you meant."
                 )
+    explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
+    if pending - set(explicit):
+        raise ShardingAnnotationError(
+            f"{where}: {describe(annotation)} asks for a value unreduced or reduced "
+            f"over {', '.join(repr(a) for a in sorted(pending - set(explicit)))}, "
+            f"not `Explicit` axes of the mesh {_mesh.format_mesh(mesh)}: JAX has "
+            "unreduced and reduced values only on `Explicit` axes. Make those axes "
+            "`Explicit`, or annotate without `unreduced` / `reduced`."
+        )
     return NamedSharding(mesh, spec)

@@ -11,7 +11,7 @@ from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from . import spec as _spec
 from .spec import Lead, LogicalLayout, sharded_members
-from .validate import validate_spec
+from .validate import spec_layout
 
 
 _EXAMPLE = (
@@ -68,8 +68,7 @@ def layout_of(annotation: Any, where: str = "") -> Union[_spec.Layout, LogicalLa
 
 @ft.lru_cache(maxsize=1024)
 def _layout_of_spec(spec: PartitionSpec) -> _spec.Layout:
-    entries = validate_spec(spec, _spec.format_spec(spec))
-    return _spec.Layout(entries, (), _spec.format_spec(spec))
+    return spec_layout(spec, _spec.format_spec(spec))
 
 
 def fixed_rank(annotation: Any) -> Optional[int]:

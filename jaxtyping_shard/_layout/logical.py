@@ -9,6 +9,7 @@ decided by the rules in force each time a value is checked (`resolve`).
 import re
 from typing import Any, Optional
 
+from .._core import compat as _compat
 from .._core.errors import ShardingAnnotationError
 from .spec import is_variadic, LogicalLayout
 
@@ -43,14 +44,31 @@ class Logical(metaclass=_LogicalMeta):
         Activations = Float[Array, "batch seq embed", jts.Logical]
         Square = Float[Array, "embed embed", jts.Logical("embed", "embed_out")]
         ```
+
+
+    `unreduced=` / `reduced=`: the logical names whose mesh axes (by the same
+    rules) the value is unreduced / reduced over, as JAX's
+    `PartitionSpec(unreduced=...)` says: `Logical(unreduced=("batch",))` (the
+    dim names as logical names) or `Logical("embed", None, unreduced=("batch",))`.
     """
 
-    __slots__ = ("names",)
+    __slots__ = ("names", "unreduced", "reduced")
 
     names: tuple[Optional[str], ...]
+    unreduced: tuple[str, ...]
+    reduced: tuple[str, ...]
 
-    def __init__(self, *names: Optional[str]):
-        if not names:
+    def __init__(
+        self,
+        *names: Optional[str],
+        unreduced: Any = (),
+        reduced: Any = (),
+    ):
+        pending = tuple(
+            _pending_names(a, k)
+            for a, k in ((unreduced, "unreduced"), (reduced, "reduced"))
+        )
+        if not names and not any(pending):
             raise ShardingAnnotationError(
                 "Logical() needs one logical name per dim, e.g. "
                 "Logical('embed', 'embed_out'); for the dim names themselves, write "
@@ -65,21 +83,55 @@ class Logical(metaclass=_LogicalMeta):
                     "identifier such as 'embed', or None for a dim never sharded."
                 )
         object.__setattr__(self, "names", tuple(names))
+        object.__setattr__(self, "unreduced", pending[0])
+        object.__setattr__(self, "reduced", pending[1])
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Logical is immutable")
 
+    def _key(self) -> tuple:
+        return (self.names, self.unreduced, self.reduced)
+
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.names == other.names  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self.names))
+        return hash((type(self).__name__, self._key()))
 
     def __repr__(self) -> str:
-        return f"Logical({', '.join(repr(n) for n in self.names)})"
+        shown = [repr(n) for n in self.names]
+        for kind in ("unreduced", "reduced"):
+            if getattr(self, kind):
+                shown.append(f"{kind}={getattr(self, kind)!r}")
+        return f"Logical({', '.join(shown)})"
 
     def __reduce__(self) -> Any:
-        return (Logical, self.names)
+        return (_logical, (self.names, self.unreduced, self.reduced))
+
+
+def _logical(names: tuple, unreduced: tuple, reduced: tuple) -> Logical:
+    return Logical(*names, unreduced=unreduced, reduced=reduced)
+
+
+def _pending_names(names: Any, kind: str) -> tuple[str, ...]:
+    """`unreduced=` / `reduced=` as a sorted tuple of logical names."""
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        out = tuple(sorted(set(names)))
+    except TypeError:
+        out = ()
+        names = (names,)
+    for name in names:
+        if not (isinstance(name, str) and _IDENTIFIER.match(name)):
+            raise ShardingAnnotationError(
+                f"Logical({kind}={names!r}): {name!r} is not a logical name; give "
+                f"identifiers, e.g. Logical({kind}=('batch',))."
+            )
+    missing = _compat.pending_axes_missing((kind,)) if out else ""
+    if missing:
+        raise ShardingAnnotationError(f"Logical({kind}={names!r}): {missing}")
+    return out
 
 
 Logical.__module__ = "jaxtyping_shard"
@@ -167,11 +219,14 @@ def logical_layout(dim_str: str, marker: Any, where: str) -> LogicalLayout:
         return logical_layout(dim_str, marker.marker, where).as_used()
     dims = dim_str.split()
     variadic_at = next((i for i, d in enumerate(dims) if is_variadic(d)), None)
-    if marker is Logical:
+    pending = ((), ()) if marker is Logical else (marker.unreduced, marker.reduced)
+    if marker is Logical or not marker.names:
         names: list[Optional[str]] = [
             None if i == variadic_at else _dim_name(d) for i, d in enumerate(dims)
         ]
         text = f"logical `{dim_str}`"
+        if marker is not Logical:
+            text += f" {marker!r}"
     else:
         if len(marker.names) != len(dims):
             raise ShardingAnnotationError(
@@ -187,8 +242,16 @@ def logical_layout(dim_str: str, marker: Any, where: str) -> LogicalLayout:
             )
         text = f"{marker!r}"
     direct = isinstance(marker, MeshOrLogical)
+    clash = set(pending[0]) & set(pending[1])
+    clash |= (set(pending[0]) | set(pending[1])) & set(names)
+    if clash:
+        raise ShardingAnnotationError(
+            f"{where}: {marker!r} names {sorted(clash)!r} twice (a dim's name and "
+            "unreduced or reduced, or both of these); a value is unreduced or "
+            "reduced over axes that shard none of its dims."
+        )
     if variadic_at is None:
-        return LogicalLayout(tuple(names), (), False, text, direct)
+        return LogicalLayout(tuple(names), (), False, text, direct, False, pending)
     prefix = tuple(names[:variadic_at])
     suffix = tuple(names[variadic_at + 1 :])
-    return LogicalLayout(prefix, suffix, True, text, direct)
+    return LogicalLayout(prefix, suffix, True, text, direct, False, pending)

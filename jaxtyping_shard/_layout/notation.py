@@ -13,12 +13,22 @@ The grammar, per whitespace-separated dim:
     axes       := axis | "(" axis { "," axis } ")" | "()"
     axis       := a Python identifier (a mesh axis name), not `None`
 
-Spaces inside `@( ... )` are allowed and ignored. Nothing is ever `eval`ed here.
+A last token in braces gives the axes a value is unreduced (`U`) or reduced
+(`R`) over, as `jax.typeof` prints them after the shape (`float32[4,2]{U:data}`):
+`"embed mlp {U:data}"` is `P(None, None, unreduced={'data'})`, and
+`"embed mlp {U:(data,fsdp), R:model}"` names both kinds (Explicit axes only):
+
+    pending    := "{" kind ":" axes { "," kind ":" axes } "}"
+    kind       := "U" | "R"
+
+Spaces inside `@( ... )` and `{ ... }` are allowed and ignored. Nothing is ever
+`eval`ed here.
 """
 
 import re
 from typing import Optional
 
+from .._core import compat as _compat
 from .._core.errors import ShardingAnnotationError
 from . import spec as _spec
 from .spec import is_variadic
@@ -33,10 +43,40 @@ _FORMS = (
     "mesh axis is a Python identifier and shards at most one dim."
 )
 _REPLICATED = "()"
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_PENDING_ITEM = re.compile(r"([UR]):(\([^()]*\)|[^,()]+)(?:,|\Z)")
+_PENDING_FORMS = (
+    "Write the unreduced / reduced axes as `jax.typeof` prints them, in one last "
+    "token: `{U:data}`, `{U:(data,fsdp)}`, `{R:data}` or `{U:data, R:model}`."
+)
 
 
 def _collapse_spaces(dim_str: str) -> str:
-    return _PARENS.sub(lambda m: "@(" + "".join(m.group(1).split()) + ")", dim_str)
+    dim_str = _PARENS.sub(lambda m: "@(" + "".join(m.group(1).split()) + ")", dim_str)
+    return _BRACES.sub(lambda m: "{" + "".join(m.group(1).split()) + "}", dim_str)
+
+
+def _parse_pending(token: str, where: str) -> tuple[frozenset, frozenset]:
+    """`{U:data, R:model}` as its (unreduced, reduced) mesh axes."""
+    inner = token[1:-1] if token.startswith("{") and token.endswith("}") else ""
+    found: dict[str, tuple[str, ...]] = {"U": (), "R": ()}
+    at = 0
+    while inner and at < len(inner):
+        match = _PENDING_ITEM.match(inner, at)
+        if match is None or match.group(1) in found and found[match.group(1)]:
+            break
+        found[match.group(1)] = _parse_axes(token, match.group(2), where) or ("",)
+        at = match.end()
+    if not inner or at < len(inner) or "" in found["U"] + found["R"]:
+        raise ShardingAnnotationError(
+            f"{where}: `{token}` is not a list of unreduced / reduced axes. "
+            + _PENDING_FORMS
+        )
+    kinds = tuple(k for k, t in (("unreduced", "U"), ("reduced", "R")) if found[t])
+    missing = _compat.pending_axes_missing(kinds)
+    if missing:
+        raise ShardingAnnotationError(f"{where}: `{token}`: {missing}")
+    return frozenset(found["U"]), frozenset(found["R"])
 
 
 def _parse_axes(token: str, axes: str, where: str) -> tuple[str, ...]:
@@ -85,9 +125,18 @@ def parse_dims(dim_str: str, where: str) -> tuple[str, Optional[_spec.Layout]]:
 
     Returns `(dim_str, None)` unchanged when there is no `@`.
     """
-    if not isinstance(dim_str, str) or "@" not in dim_str:
+    if not isinstance(dim_str, str) or ("@" not in dim_str and "{" not in dim_str):
         return dim_str, None
     tokens = _collapse_spaces(dim_str).split()
+    unreduced = reduced = frozenset()
+    if tokens and tokens[-1].startswith("{"):
+        unreduced, reduced = _parse_pending(tokens.pop(), where)
+    for token in tokens:
+        if "{" in token or "}" in token:
+            raise ShardingAnnotationError(
+                f"{where}: `{token}`: braces stand only in the dim string's last "
+                f"token. {_PENDING_FORMS}"
+            )
     plain: list[str] = []
     entries: list[tuple[str, ...]] = []
     variadic_at: Optional[int] = None
@@ -124,8 +173,21 @@ def parse_dims(dim_str: str, where: str) -> tuple[str, Optional[_spec.Layout]]:
     else:
         prefix = tuple(entries[:variadic_at])
         suffix = tuple(entries[variadic_at + 1 :])
-    text = f"`{format_inline(plain, prefix, suffix, variadic_at)}`"
-    return " ".join(plain), _spec.Layout(prefix, suffix, text)
+    for name in sorted(unreduced | reduced):
+        if name in seen:
+            raise ShardingAnnotationError(
+                f"{where}: mesh axis {name!r} shards `{seen[name]}` and is also "
+                "unreduced or reduced; an axis a value is unreduced or reduced over "
+                f"shards none of its dims. {_PENDING_FORMS}"
+            )
+    if unreduced & reduced:
+        raise ShardingAnnotationError(
+            f"{where}: a value cannot be both unreduced and reduced over "
+            f"{', '.join(repr(a) for a in sorted(unreduced & reduced))}."
+        )
+    text = format_inline(plain, prefix, suffix, variadic_at, unreduced, reduced)
+    layout = _spec.Layout(prefix, suffix, f"`{text}`", unreduced, reduced)
+    return " ".join(plain), layout
 
 
 def format_inline(
@@ -133,12 +195,22 @@ def format_inline(
     prefix: _spec.Entries,
     suffix: _spec.Entries,
     variadic_at: Optional[int],
+    unreduced: frozenset = frozenset(),
+    reduced: frozenset = frozenset(),
 ) -> str:
     """The inverse of `parse_dims`: dims and entries back to `"batch@data seq"`.
 
     A layout that shards nothing is written `"batch@() seq"`: without an `@` the
     dim string would be plain jaxtyping, whose sharding is not checked.
     """
+    pending = _spec.format_pending(unreduced, reduced)
+    if pending:
+        plain = (
+            format_inline(dims, prefix, suffix, variadic_at)
+            if any(prefix + suffix)
+            else " ".join(dims)
+        )
+        return f"{plain} {pending}" if plain else pending
     if dims and not any(prefix) and not any(suffix):
         return " ".join([dims[0] + "@" + _REPLICATED, *dims[1:]])
     out = []
@@ -161,8 +233,11 @@ def _format_axes(entry: tuple[str, ...]) -> str:
     return "@(" + ",".join(entry) + ")"
 
 
-def inline_for_spec(dim_str: str, entries: _spec.Entries) -> Optional[str]:
-    """`P('data', None)` on `"batch seq"` as `"batch@data seq"`, when expressible.
+def inline_for_spec(
+    dim_str: str, entries: _spec.Entries, spec: object = None
+) -> Optional[str]:
+    """`P('data', None)` on `"batch seq"` as `"batch@data seq"`, when expressible
+    (`spec`'s unreduced / reduced axes as a last `{U:data}`).
 
     Not expressible when an entry would land on or after a variadic dim.
     """
@@ -172,4 +247,6 @@ def inline_for_spec(dim_str: str, entries: _spec.Entries) -> Optional[str]:
     variadic_at = next((i for i, d in enumerate(dims) if is_variadic(d)), None)
     if variadic_at is not None and any(entries[variadic_at:]):
         return None
-    return format_inline(dims, entries, (), None)
+    return format_inline(
+        dims, entries, (), None, _spec.unreduced_axes(spec), _spec.reduced_axes(spec)
+    )

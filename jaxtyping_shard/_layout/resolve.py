@@ -54,6 +54,51 @@ def resolve(
     return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where)
 
 
+def pending(
+    layout: Union[LogicalLayout, _spec.Layout],
+    mesh: Any,
+    rules: Optional[AxisRules],
+    where: str = "the type hint",
+) -> tuple[frozenset, frozenset]:
+    """The mesh axes a value must be unreduced and reduced over: a `Layout`'s
+    own; a `LogicalLayout`'s logical names (`Logical(unreduced=...)`) resolved
+    by the rules, each to its first candidate's axes (a name no rule maps is a
+    mesh axis only in NNX metadata, as for dims)."""
+    if isinstance(layout, _spec.Layout):
+        return layout.unreduced, layout.reduced
+    if not any(layout.pending):
+        return frozenset(), frozenset()
+    axes = None if mesh is None else tuple(mesh.axis_names)
+    rules = rules_for(layout, mesh, rules)
+    out = []
+    for kind, names in zip(("unreduced", "reduced"), layout.pending):
+        found: set[str] = set()
+        for name in names:
+            candidates = rules.candidates(name) if rules is not None else None
+            if not candidates:
+                known = (
+                    "no rules are in force"
+                    if rules is None
+                    else (
+                        f"the axis rules {rules.describe(only=[name])} map it to no "
+                        "mesh axis"
+                    )
+                )
+                raise ShardingAnnotationError(
+                    f"{where}: the logical name {name!r} in {kind}= names no mesh "
+                    f"axis ({known}). Give it a rule (`jts.axis_rules({{{name!r}: "
+                    "'data'}})`), or write the mesh axes in a PartitionSpec."
+                )
+            found.update(candidates[0])
+        if axes is not None and not found <= set(axes):
+            raise ShardingAnnotationError(
+                f"{where}: {kind}= resolves to {sorted(found)!r}, not all axes of "
+                f"the mesh ({', '.join(axes)})."
+            )
+        out.append(frozenset(found))
+    return out[0], out[1]
+
+
 def rules_for(
     layout: Any, axes: Any, rules: Optional[AxisRules]
 ) -> Optional[AxisRules]:
@@ -132,6 +177,7 @@ def physical_layout(
     entries = resolve(layout, shape, mesh, rules, where)
     ndim = shape if isinstance(shape, int) else len(shape)
     names = [n for n in layout.names(ndim) if n is not None]
+    names += [n for group in layout.pending for n in group]  # `unreduced=` too
     ruled = [n for n in names if rules is not None and rules.candidates(n)]
     if layout.direct and not ruled:
         how = "its names taken as mesh axes"
@@ -142,8 +188,12 @@ def physical_layout(
         how = f"by the axis rules {shown.describe(only=only)}"
         if layout.direct and len(ruled) < len(names):
             how += ", other names taken as mesh axes"
-    text = f"{_spec.format_entries(entries)} (from {layout.text} {how})"
-    return _spec.Layout(entries, (), text)
+    unreduced, reduced = pending(layout, mesh, rules, where)
+    shown = _spec.format_entries(entries)
+    if unreduced or reduced:
+        shown = _spec.format_spec(_spec.make_spec(entries, unreduced, reduced))
+    text = f"{shown} (from {layout.text} {how})"
+    return _spec.Layout(entries, (), text, unreduced, reduced)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -30,8 +30,7 @@ def entries_of(spec: PartitionSpec) -> Entries:
     `unreduced` / `reduced` axes are not part of it: see `unreduced_axes`.
     """
     out = []
-    # Iterating a spec with unreduced axes raises; `.partitions` never does.
-    for entry in getattr(spec, "partitions", spec):
+    for entry in partitions_of(spec):
         if entry is None:
             out.append(())
         elif isinstance(entry, str):
@@ -41,15 +40,22 @@ def entries_of(spec: PartitionSpec) -> Entries:
     return tuple(out)
 
 
+def partitions_of(spec: Any) -> tuple:
+    """A spec's entries as written. JAX 0.10 refuses to iterate a spec with
+    unreduced axes (`.partitions` then); JAX 0.8 has no `.partitions`."""
+    return tuple(getattr(spec, "partitions", spec))
+
+
 def only_axes(spec: PartitionSpec, keep: frozenset) -> PartitionSpec:
     """`spec` with only the mesh axes in `keep` (JAX's APIs each take the axes of
-    one type; `shard_map` its manual ones)."""
+    one type; `shard_map` its manual ones), unreduced / reduced ones included."""
     entries = []
-    for entry in spec:
+    for entry in partitions_of(spec):
         names = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        kept = tuple(n for n in names if n in keep)
-        entries.append(kept[0] if len(kept) == 1 else kept or None)
-    return PartitionSpec(*entries)
+        entries.append(tuple(n for n in names if n in keep))
+    return make_spec(
+        tuple(entries), unreduced_axes(spec) & keep, reduced_axes(spec) & keep
+    )
 
 
 def unreduced_axes(spec: Any) -> frozenset:
@@ -59,6 +65,39 @@ def unreduced_axes(spec: Any) -> frozenset:
     (only its transpose is unreduced), which is how JAX compares shardings too.
     """
     return frozenset(getattr(spec, "unreduced", ()) or ())
+
+
+def reduced_axes(spec: Any) -> frozenset:
+    """Mesh axes a value is `reduced` over: replicated, its cotangent unreduced."""
+    return frozenset(getattr(spec, "reduced", ()) or ())
+
+
+def pending_of(spec: Any) -> tuple[frozenset, frozenset]:
+    return unreduced_axes(spec), reduced_axes(spec)
+
+
+def make_spec(
+    entries: Entries, unreduced: Any = (), reduced: Any = ()
+) -> PartitionSpec:
+    """The `PartitionSpec` of entries, with `unreduced` / `reduced` axes if any."""
+    parts = (e[0] if len(e) == 1 else e or None for e in entries)
+    if not unreduced and not reduced:
+        return PartitionSpec(*parts)
+    return PartitionSpec(
+        *parts, unreduced=frozenset(unreduced), reduced=frozenset(reduced)
+    )
+
+
+def format_pending(unreduced: Any, reduced: Any) -> str:
+    """JAX's notation for pending axes, as `jax.typeof` prints them after the
+    shape: `{U:data}`, `{U:(data,fsdp)}`, `{U:data, R:model}`; "" if none."""
+    parts = []
+    for tag, axes in (("U", unreduced), ("R", reduced)):
+        if axes:
+            names = sorted(axes)
+            shown = names[0] if len(names) == 1 else "(" + ",".join(names) + ")"
+            parts.append(f"{tag}:{shown}")
+    return "{" + ", ".join(parts) + "}" if parts else ""
 
 
 def axes_of(entries: Entries) -> tuple[str, ...]:
@@ -103,15 +142,24 @@ def format_spec(spec: PartitionSpec) -> str:
     """Formats a spec as it is written: `P('data', None)`, `P(('x', 'y'),)`."""
     try:
         entries = entries_of(spec)
-    except (TypeError, ValueError):  # not a spec, or one with unreduced axes
+    except (TypeError, ValueError):  # not a spec
         return repr(spec)
     if len(entries) == 1 and len(entries[0]) > 1:
-        return "P(" + _format_entry(entries[0]) + ",)"
-    return format_entries(entries)
+        body = _format_entry(entries[0]) + ","
+    else:
+        body = ", ".join(_format_entry(e) for e in entries)
+    for kind, axes in zip(("unreduced", "reduced"), pending_of(spec)):
+        if axes:
+            names = ", ".join(repr(a) for a in sorted(axes))
+            body += f"{', ' if body else ''}{kind}={{{names}}}"
+    return f"P({body})"
 
 
-def format_array(dtype: Any, shape: Sequence[int], entries: Entries) -> str:
-    """An array summarised as JAX prints it: `float32[8@data,4]`, `8@(x,y)`."""
+def format_array(
+    dtype: Any, shape: Sequence[int], entries: Entries, spec: Any = None
+) -> str:
+    """An array summarised as JAX prints it: `float32[8@data,4]`, `8@(x,y)`,
+    with `spec`'s unreduced / reduced axes after it: `float32[4,2]{U:data}`."""
     dims = []
     for i, size in enumerate(shape):
         entry = entries[i] if i < len(entries) else ()
@@ -122,7 +170,8 @@ def format_array(dtype: Any, shape: Sequence[int], entries: Entries) -> str:
         else:
             dims.append(f"{size}@({','.join(entry)})")
     name = getattr(dtype, "name", None) or str(dtype)
-    return f"{name}[{','.join(dims)}]"
+    pending = format_pending(*pending_of(spec))
+    return f"{name}[{','.join(dims)}]{pending}"
 
 
 def indivisible(
@@ -155,12 +204,24 @@ class Layout:
 
     `prefix` shards the leading dims (a `PartitionSpec` gives only this); `suffix`
     shards the trailing dims after a variadic dim (`"*lead seq@model"`). The spec
-    for an array of rank `ndim` pads between the two with `None`.
+    for an array of rank `ndim` pads between the two with `None`. `unreduced` /
+    `reduced`: the mesh axes the value must be unreduced / reduced over (JAX's
+    `PartitionSpec(unreduced=..., reduced=...)`; Explicit axes only).
     """
 
-    __slots__ = ("prefix", "suffix", "text", "axes", "min_rank", "_specs")
+    __slots__ = (
+        *("prefix", "suffix", "text", "axes", "min_rank", "_specs"),
+        *("unreduced", "reduced"),
+    )
 
-    def __init__(self, prefix: Entries, suffix: Entries, text: str):
+    def __init__(
+        self,
+        prefix: Entries,
+        suffix: Entries,
+        text: str,
+        unreduced: frozenset = frozenset(),
+        reduced: frozenset = frozenset(),
+    ):
         # Unsharded dims at the open ends say nothing: P("x") == P("x", None).
         while prefix and not prefix[-1]:
             prefix = prefix[:-1]
@@ -169,7 +230,11 @@ class Layout:
         self.prefix = prefix
         self.suffix = suffix
         self.text = text
-        self.axes = axes_of(prefix) + axes_of(suffix)
+        self.unreduced = frozenset(unreduced)
+        self.reduced = frozenset(reduced)
+        # Every mesh axis it names (a mesh lacking one cannot hold the value).
+        pending = tuple(sorted(self.unreduced | self.reduced))
+        self.axes = axes_of(prefix) + axes_of(suffix) + pending
         self.min_rank = len(prefix) + len(suffix)
         self._specs: dict[int, tuple[Entries, PartitionSpec]] = {}
 
@@ -189,28 +254,23 @@ class Layout:
         else:
             pad = ((),) * (ndim - self.min_rank)
             entries = self.prefix + pad + self.suffix
-        spec = PartitionSpec(*(_entry_to_spec(e) for e in entries))
+        spec = make_spec(entries, self.unreduced, self.reduced)
         self._specs[ndim] = (entries, spec)
         return entries, spec
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Layout):
             return NotImplemented
-        return (self.prefix, self.suffix) == (other.prefix, other.suffix)
+        return self._key() == other._key()
+
+    def _key(self) -> tuple:
+        return (self.prefix, self.suffix, self.unreduced, self.reduced)
 
     def __hash__(self) -> int:
-        return hash((self.prefix, self.suffix))
+        return hash(self._key())
 
     def __repr__(self) -> str:
         return f"Layout({self.text})"
-
-
-def _entry_to_spec(entry: tuple[str, ...]) -> Any:
-    if len(entry) == 0:
-        return None
-    if len(entry) == 1:
-        return entry[0]
-    return entry
 
 
 Names = tuple[Optional[str], ...]
@@ -224,6 +284,8 @@ class LogicalLayout:
     name with no rule that names an axis of the mesh is that axis, as Flax NNX
     reads its `out_sharding` metadata (`_trees/nnx.py`). `used`: resolved as
     used (`jts.Used`): a name whose rule is `jts.fsdp(...)` gets no mesh axes.
+    `pending`: the logical names the value is unreduced and reduced over (two
+    tuples), resolved to mesh axes by the same rules (`resolve.pending`).
     """
 
     __slots__ = (
@@ -234,6 +296,7 @@ class LogicalLayout:
         "min_rank",
         "direct",
         "used",
+        "pending",
         "_hash",
     )
 
@@ -245,6 +308,7 @@ class LogicalLayout:
         text: str,
         direct: bool = False,
         used: bool = False,
+        pending: tuple = ((), ()),
     ):
         self.prefix = prefix
         self.suffix = suffix
@@ -252,8 +316,14 @@ class LogicalLayout:
         self.text = text
         self.direct = direct
         self.used = used
+        self.pending = pending
         self.min_rank = len(prefix) + len(suffix)
-        self._hash = hash((prefix, suffix, variadic, direct, used))
+        self._hash = hash(self._key())
+
+    def _key(self) -> tuple:
+        return (self.prefix, self.suffix, self.variadic) + (
+            (self.direct, self.used, self.pending)
+        )
 
     def names(self, ndim: int) -> Names:
         if not self.variadic:
@@ -267,19 +337,14 @@ class LogicalLayout:
             return self
         text = f"jts.Used[{self.text}]"
         return LogicalLayout(
-            self.prefix, self.suffix, self.variadic, text, self.direct, True
+            *(self.prefix, self.suffix, self.variadic, text),
+            *(self.direct, True, self.pending),
         )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LogicalLayout):
             return NotImplemented
-        return (self.prefix, self.suffix, self.variadic, self.direct, self.used) == (
-            other.prefix,
-            other.suffix,
-            other.variadic,
-            other.direct,
-            other.used,
-        )
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
         return self._hash

@@ -7,7 +7,15 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from .._core.errors import ShardingAnnotationError
-from .spec import Entries, entries_of, format_spec
+from .spec import (
+    Entries,
+    entries_of,
+    format_spec,
+    Layout,
+    partitions_of,
+    reduced_axes,
+    unreduced_axes,
+)
 
 
 _SPEC_FORMS = (
@@ -24,13 +32,19 @@ def validate_spec(spec: Any, where: str) -> Entries:
     """
     if not isinstance(spec, PartitionSpec):
         raise ShardingAnnotationError(_not_a_spec_message(spec, where))
-    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
-        raise ShardingAnnotationError(
-            f"{where}: {format_spec(spec)} has `unreduced`/`reduced` axes, which "
-            "jaxtyping_shard does not check yet. Annotate the layout without them."
-        )
     seen: set[str] = set()
-    for entry in spec:
+    for kind, axes in (
+        ("unreduced", unreduced_axes(spec)),
+        ("reduced", reduced_axes(spec)),
+    ):
+        for name in sorted(axes, key=repr):
+            if not isinstance(name, str) or not name:
+                raise ShardingAnnotationError(
+                    f"{where}: the {kind} axes of {format_spec(spec)} hold "
+                    f"{name!r}, which is not a mesh axis name (a non-empty string)."
+                )
+        seen.update(axes)  # JAX refuses a spec that also shards over one
+    for entry in partitions_of(spec):
         names: Sequence[Any]
         if entry is None:
             continue
@@ -61,6 +75,19 @@ def validate_spec(spec: Any, where: str) -> Entries:
                 )
             seen.add(name)
     return entries_of(spec)
+
+
+def spec_layout(spec: Any, where: str, text: str = "") -> Layout:
+    """The `Layout` of a spec, validated: its entries and its unreduced /
+    reduced axes (`text`: how it is shown; default the spec as written)."""
+    entries = validate_spec(spec, where)
+    return Layout(
+        entries,
+        (),
+        text or format_spec(spec),
+        unreduced_axes(spec),
+        reduced_axes(spec),
+    )
 
 
 def _not_a_spec_message(spec: Any, where: str) -> str:

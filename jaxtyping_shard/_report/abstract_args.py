@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
+from .._layout import spec as _spec
 
 
 def is_array(x: Any) -> bool:
@@ -55,7 +56,11 @@ def _rehomed(sharding: Any, mesh: Any, path: tuple) -> Optional[NamedSharding]:
     if isinstance(sharding, NamedSharding):
         missing = {
             a
-            for entry in sharding.spec
+            for entry in (
+                *_spec.partitions_of(sharding.spec),
+                tuple(_spec.unreduced_axes(sharding.spec)),
+                tuple(_spec.reduced_axes(sharding.spec)),
+            )
             if entry is not None
             for a in ((entry,) if isinstance(entry, str) else entry)
         } - set(mesh.axis_names)

@@ -111,7 +111,7 @@ def _cells(row: Row) -> tuple:
         axes = "not annotated"
     elif row.shape is not None:
         entries = _spec.entries_of(row.spec)
-        axes = _spec.format_array(row.dtype or "?", row.shape, entries)
+        axes = _spec.format_array(row.dtype or "?", row.shape, entries, row.spec)
     else:
         axes = _spec.format_spec(row.spec)
     shard = "?" if row.shard_shape is None else "x".join(map(str, row.shard_shape))
@@ -178,23 +178,25 @@ def _row(
     ndim = len(inner) if inner is not None else fixed
     if ndim is None:
         ndim = layout.min_rank
-    entries = _spec.entries_of(_bridge.spec_for(annotation, inner or ndim, mesh, where))
+    resolved = _bridge.spec_for(annotation, inner or ndim, mesh, where)
+    entries = _spec.entries_of(resolved)
     entries = tuple(_entry(e) for e in lead) + entries + ((),) * (ndim - len(entries))
     _check_axes(entries, mesh, annotation, where)
-    spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
+    spec = _spec.make_spec(entries, *_spec.pending_of(resolved))
     logical = None
     if isinstance(layout, LogicalLayout):
         logical = (None,) * len(lead) + tuple(layout.names(ndim))
     dims = " ".join(["[stack]"] * len(lead) + [dims])
-    shard, per_device, replicated = shard_bytes(shape, dtype, entries, mesh)
+    pending = _spec.unreduced_axes(spec)
+    shard, per_device, replicated = shard_bytes(shape, dtype, entries, mesh, pending)
     return Row(path, dims, logical, spec, shape, dtype, shard, per_device, replicated)
 
 
-def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any) -> tuple:
+def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any, unreduced=()):
     """`(shard shape, bytes per device, bytes replicated)` of an array of `shape`
     and `dtype` laid out as `entries` (mesh axes per dim) on `mesh`; `None` where
-    the shape, dtype or mesh is unknown. A dim its axes do not divide is padded,
-    as XLA pads it (the last shard is rounded up)."""
+    the shape, dtype or mesh is unknown. A dim is padded as XLA pads it; over
+    `unreduced` axes each copy is another partial sum, not a replica."""
     if shape is None or mesh is None:
         return None, None, None
     mesh_sizes = _mesh.sizes(mesh)
@@ -207,7 +209,8 @@ def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any) -> tuple:
         return shard, None, None
     per_device = array_bytes(shard, dtype)  # sub-byte types packed, as XLA does
     devices = math.prod(mesh_sizes.values())
-    replicated = max(per_device * devices - array_bytes(shape, dtype), 0)
+    distinct = array_bytes(shape, dtype) * math.prod(mesh_sizes[a] for a in unreduced)
+    replicated = max(per_device * devices - distinct, 0)
     return shard, per_device, replicated
 
 

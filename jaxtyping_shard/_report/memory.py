@@ -36,7 +36,7 @@ class LeafBytes(NamedTuple):
         if self.spec is None:
             return _spec.format_array(self.dtype, self.shape, ()) + " (layout ?)"
         entries = _spec.entries_of(self.spec)
-        return _spec.format_array(self.dtype, self.shape, entries)
+        return _spec.format_array(self.dtype, self.shape, entries, self.spec)
 
     @property
     def replicated(self) -> bool:
@@ -44,6 +44,7 @@ class LeafBytes(NamedTuple):
         return (
             self.spec is not None
             and not any(_spec.entries_of(self.spec))
+            and not _spec.unreduced_axes(self.spec)
             and bool(self.bytes_replicated)
         )
 
@@ -57,7 +58,8 @@ def leaf_bytes(
     if entries is None:
         shard = per = replicated = None
     else:
-        shard, per, replicated = shard_bytes(shape, dtype, entries, mesh)
+        unreduced = _spec.unreduced_axes(spec)
+        shard, per, replicated = shard_bytes(shape, dtype, entries, mesh, unreduced)
     return LeafBytes(
         group, path, top, shape, dtype, spec, annotated, shard, per, replicated
     )

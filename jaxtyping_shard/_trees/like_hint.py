@@ -16,15 +16,39 @@ from typing import Any, Optional
 import jax
 
 from .._core.errors import ShardingAnnotationError
+from .._layout import spec as _spec
 from . import walk as _tree
 from .like import like_layout, Source
 
 
 @dataclasses.dataclass(frozen=True)
 class LikeOf:
-    """The metadata `Like[name]` puts in its `Annotated`."""
+    """The metadata `Like[name]` puts in its `Annotated` (`unreduced`: the mesh
+    axes of `Like[name, Unreduced(...)]`)."""
 
     name: str
+    unreduced: frozenset = frozenset()
+
+
+class Unreduced:
+    """`jts.Like["params", jts.Unreduced("data")]`: laid out as the parameters,
+    and unreduced over the mesh axes given (`P(..., unreduced={"data"})`; over
+    axes the parameters are `reduced` on, instead of reduced): the gradients of
+    reduced parameters, and an accumulator of them carried through `lax.scan`."""
+
+    def __init__(self, *axes: str):
+        if not axes or not all(isinstance(a, str) and a for a in axes):
+            raise ShardingAnnotationError(
+                f"jts.Unreduced{axes!r}: give one or more mesh axis names, e.g. "
+                'jts.Unreduced("data").'
+            )
+        self.axes = frozenset(axes)
+
+    def __repr__(self) -> str:
+        return f"jts.Unreduced({', '.join(repr(a) for a in sorted(self.axes))})"
+
+
+Unreduced.__module__ = "jaxtyping_shard"
 
 
 class Like:
@@ -80,6 +104,14 @@ class Like:
     """
 
     def __class_getitem__(cls, name: Any) -> Any:
+        unreduced: frozenset = frozenset()
+        if isinstance(name, tuple) and len(name) == 2:
+            if not isinstance(name[1], Unreduced):
+                raise ShardingAnnotationError(
+                    f"jts.Like[{name[0]!r}, {name[1]!r}]: the second argument is "
+                    'a `jts.Unreduced("data")`.'
+                )
+            name, unreduced = name[0], name[1].axes
         if isinstance(name, str):
             name = name.strip()  # `Like[" params"]`: lint-clean, as jaxtyping's dims
         if not isinstance(name, str) or not name.isidentifier():
@@ -87,7 +119,7 @@ class Like:
                 f"jts.Like[{name!r}]: give the name of another parameter of the "
                 'same function, as a string: `opt_state: jts.Like["params"]`.'
             )
-        return typing.Annotated[Any, LikeOf(name)]
+        return typing.Annotated[Any, LikeOf(name, unreduced)]
 
     def __init__(self) -> None:
         raise TypeError('jts.Like is written as a hint: `jts.Like["params"]`.')
@@ -98,12 +130,36 @@ Like.__module__ = "jaxtyping_shard"
 
 def like_name(hint: Any) -> Optional[str]:
     """The parameter `hint` (a `Like[name]`) names, or `None`."""
+    meta = _like_of(hint)
+    return None if meta is None else meta.name
+
+
+def _like_of(hint: Any) -> Optional[LikeOf]:
     if typing.get_origin(hint) is not typing.Annotated:
         return None
     for meta in getattr(hint, "__metadata__", ()):
         if isinstance(meta, LikeOf):
-            return meta.name
+            return meta
     return None
+
+
+def _unreduced_at(hint: Any, prefix: tuple) -> frozenset:
+    """The `Unreduced(...)` axes of the `Like` at `prefix` in `hint`."""
+    for key in prefix:
+        hint = typing.get_args(hint)[key.idx]
+    meta = _like_of(hint)
+    return frozenset() if meta is None else meta.unreduced
+
+
+def _pending(source: Source, axes: frozenset) -> Source:
+    """`source` unreduced over `axes` (no longer reduced there), for a leaf laid
+    out as the parameters' (not a replicated one of the state's own)."""
+    if not axes or source.spec is None or source.leaf is None:
+        return source
+    spec = source.spec
+    unreduced = _spec.unreduced_axes(spec) | axes
+    reduced = _spec.reduced_axes(spec) - axes
+    return source._replace(spec=spec.update(unreduced=unreduced, reduced=reduced))
 
 
 def like_parts(hint: Any) -> list[tuple[tuple, str]]:
@@ -172,7 +228,8 @@ def sources(
             what,
             lenient=True,
         )
-        out.update(zip(index, found))
+        axes = _unreduced_at(hint, prefix)
+        out.update(zip(index, (_pending(s, axes) for s in found)))
     return out
 
 

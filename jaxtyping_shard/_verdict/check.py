@@ -30,7 +30,7 @@ from .._core.failures import report
 from .._core.modes import current_mode, mode_reader
 from .._core.site import find_site, how_traced
 from .._layout import spec as _spec
-from .._layout.validate import validate_spec
+from .._layout.validate import spec_layout
 from . import (
     auto as _auto,
     compiles as _compiles,
@@ -41,6 +41,8 @@ from .compare import (
     empty_fits,
     FIX as _FIX,
     missing_axes,
+    pending_mismatch,
+    pending_refused,
     same_mesh_shape,
     shards_nothing,
     too_long,
@@ -162,19 +164,20 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)
     manual = _mesh.names_of_type(mesh, AxisType.Manual)
+    refused = pending_refused(cls, mesh)
+    if refused:
+        return refused
     if manual:
         return check_manual(cls, obj, aval, mesh, manual)
     actual = _spec.entries_of(sharding.spec) if sharding is not None else ()
-    # `reduced` axes are laid out like replicated ones (JAX and the eager verdict
-    # agree); only `unreduced` ones hold a pending sum.
-    pending = _spec.unreduced_axes(sharding.spec) if sharding is not None else ()
-    if pending:
+    # Unreduced axes hold a pending sum: the same ones as declared, or none. A
+    # declared `reduced` must be there; an undeclared one is laid out like a
+    # replicated axis (JAX and the eager verdict agree).
+    differs, fix = pending_mismatch(cls, getattr(sharding, "spec", None), sizes)
+    if differs:
         return (
-            f"{_noun(obj)} `{aval.str_short()}` is unreduced over "
-            f"{', '.join(repr(a) for a in sorted(pending))} (a sum is still pending), "
-            f"not laid out as {cls._jts.text} as expected by the type hint (mesh "
-            f"{_mesh.format_mesh(mesh)}). Reduce it first, e.g. with "
-            "`jax.sharding.reshard`."
+            f"{_noun(obj)} `{aval.str_short()}` is {differs} (mesh "
+            f"{_mesh.format_mesh(mesh)}{_when(obj)}). {fix}"
         )
     if explicit:
         want = _spec.normalise(cls._jts.entries(ndim), ndim, sizes, explicit)
@@ -303,7 +306,7 @@ class SpecCheck:
 def spec_check(spec: PartitionSpec) -> SpecCheck:
     """The `SpecCheck` of a spec (validated here), one per spec."""
     text = _spec.format_spec(spec)
-    return SpecCheck(_spec.Layout(validate_spec(spec, text), (), text))
+    return SpecCheck(spec_layout(spec, text))
 
 
 @ft.lru_cache(maxsize=1024)
@@ -321,4 +324,4 @@ def sharding_check(target: Any, spec: Optional[PartitionSpec] = None) -> SpecChe
         if isinstance(mesh, jax.sharding.Mesh)
         else shown
     )
-    return SpecCheck(_spec.Layout(validate_spec(layout, text), (), text), target)
+    return SpecCheck(spec_layout(layout, text, text), target)

@@ -7,7 +7,7 @@ is_equivalent_to` decides; specs are never compared with `==`.
 
 from typing import Any, Optional
 
-from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 
 from .._core import mesh as _mesh
 from .._layout import spec as _spec
@@ -65,8 +65,91 @@ def shards_nothing(cls: Any, mesh: Optional[Any]) -> bool:
     return all(sizes.get(a, 1) == 1 for a in cls._jts.axes)
 
 
+def _names(axes: Any) -> str:
+    return ", ".join(repr(a) for a in sorted(axes))
+
+
+def pending_refused(cls: Any, mesh: Any) -> str:
+    """Why the annotation's unreduced / reduced axes cannot be asked for on
+    `mesh`: JAX has them on `Explicit` axes only (a `NamedSharding` refuses them
+    on `Auto` ones), and inside `shard_map` they are not the value's type; ""
+    when they can (or there are none)."""
+    asked = cls._jts.unreduced | cls._jts.reduced
+    if not asked:
+        return ""
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    manual = {a for a in asked if types.get(a) == AxisType.Manual}
+    auto = {a for a in asked if types.get(a) == AxisType.Auto}
+    if manual:
+        return (
+            f"the type hint {cls._jts.text} asks for a value unreduced or reduced "
+            f"over {_names(manual)}, manual axes here (inside `shard_map`): "
+            "jaxtyping_shard checks unreduced and reduced on `Explicit` axes, where "
+            "they are part of the value's type; inside `shard_map` a pending sum is "
+            "the body's own (`jax.lax.psum`). Annotate the body's values without "
+            "them, and the values outside `shard_map` with them."
+        )
+    if auto:
+        return (
+            f"the type hint {cls._jts.text} asks for a value unreduced or reduced "
+            f"over {_names(auto)}, `Auto` axes of the mesh "
+            f"{_mesh.format_mesh(mesh)}: JAX has unreduced and reduced values only "
+            "on `Explicit` axes (on `Auto` ones XLA decides where sums happen). "
+            "Make those axes `Explicit` (`jax.make_mesh(..., axis_types=...)`), or "
+            "annotate without `unreduced` / `reduced`."
+        )
+    return ""
+
+
+def pending_mismatch(cls: Any, spec: Any, sizes: dict) -> tuple[str, str]:
+    """How a value's unreduced / reduced axes (`spec`'s) differ from those the
+    annotation declares, and the fix; ("", "") when they agree. An unreduced
+    value matches only an annotation with the same unreduced axes; a declared
+    `reduced` must be there (an undeclared one is a replicated layout). Mesh
+    axes of size 1 are dropped, as JAX does."""
+
+    def kept(axes: Any) -> frozenset:
+        return frozenset(a for a in axes if sizes.get(a, 1) != 1)
+
+    got_u, want_u = kept(_spec.unreduced_axes(spec)), kept(cls._jts.unreduced)
+    got_r, want_r = kept(_spec.reduced_axes(spec)), kept(cls._jts.reduced)
+    text = cls._jts.text
+    if got_u - want_u:
+        return (
+            f"unreduced over {_names(got_u - want_u)} (a sum is still pending), "
+            f"which {text} in the type hint does not declare",
+            "Reduce it first (`jax.sharding.reshard` to a spec without them), or "
+            "declare it unreduced in the annotation.",
+        )
+    if want_u - got_u:
+        return (
+            f"not unreduced over {_names(want_u - got_u)} as {text} in the type "
+            "hint declares: its sum was already taken (a reduction ran, or the "
+            "unreduced tag was dropped)",
+            "Keep it pending: make the value with "
+            "`out_sharding=` that spec (`jts.out_sharding(...)`), and for a "
+            "gradient mark the parameter `reduced` over those axes "
+            "(`jax.sharding.reshard(w, P(..., reduced={...}))`).",
+        )
+    if want_r - got_r:
+        return (
+            f"not reduced over {_names(want_r - got_r)} as {text} in the type hint "
+            "declares",
+            "Mark it so, e.g. `jax.sharding.reshard(w, P(..., reduced={...}))` or "
+            "`jts.reshard(w, annotation)`.",
+        )
+    return "", ""
+
+
 def equivalent(cls: Any, mesh: Any, sharding: Any, ndim: int) -> bool:
-    """JAX's verdict: is `sharding` the annotation's spec on `mesh`?"""
+    """JAX's verdict: is `sharding` the annotation's spec on `mesh`? (JAX's
+    `is_equivalent_to` compares unreduced axes, not reduced ones: both are
+    compared here.)"""
+    if pending_refused(cls, mesh):
+        return False
+    spec = getattr(sharding, "spec", None)
+    if pending_mismatch(cls, spec, _mesh.sizes(mesh))[0]:
+        return False
     expected = NamedSharding(
         mesh, cls._jts.spec(ndim), memory_kind=sharding.memory_kind
     )
@@ -103,6 +186,14 @@ def agrees(sharding: Any, target: Any, ndim: int) -> bool:
     mesh = getattr(sharding, "mesh", None)
     target_mesh = getattr(target, "mesh", None)
     abstract = not isinstance(mesh, Mesh) or isinstance(target_mesh, AbstractMesh)
+    if isinstance(sharding, NamedSharding) and target_mesh is not None:
+        # `is_equivalent_to` compares unreduced axes but not reduced ones.
+        sizes = _mesh.sizes(mesh)
+        for read in (_spec.unreduced_axes, _spec.reduced_axes):
+            if {a for a in read(sharding.spec) if sizes.get(a, 1) != 1} != {
+                a for a in read(target.spec) if sizes.get(a, 1) != 1
+            }:
+                return False
     if isinstance(sharding, NamedSharding) and abstract:
         if target_mesh is None or not same_mesh_shape(mesh, target_mesh):
             return False
@@ -122,8 +213,8 @@ def contrast(
     and the expected device order or memory kind (the third)."""
     spec = getattr(sharding, "spec", None)
     entries = _spec.entries_of(spec) if spec is not None else ()
-    actual = _spec.format_array(dtype, shape, entries)
-    wanted = _spec.format_array(dtype, shape, expected)
+    actual = _spec.format_array(dtype, shape, entries, spec)
+    wanted = _spec.format_array(dtype, shape, expected, getattr(target, "spec", None))
     here = there = ""
     if spec is None:
         here = f" ({sharding})"

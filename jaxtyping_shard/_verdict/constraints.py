@@ -29,6 +29,8 @@ from typing import Any, Optional
 from jax.interpreters.partial_eval import DynamicJaxprTracer
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._layout import spec as _spec
+
 
 def constrained_spec(x: Any, mesh: Any) -> Optional[PartitionSpec]:
     """The spec a constraint on `mesh`'s axes sets `x` to, else `None` (no
@@ -47,7 +49,7 @@ def constrained_spec(x: Any, mesh: Any) -> Optional[PartitionSpec]:
     if (on.axis_names, on.axis_sizes) != (mesh.axis_names, mesh.axis_sizes):
         return None
     spec = sharding.spec
-    if any(entry is PartitionSpec.UNCONSTRAINED for entry in spec):
+    if any(entry is PartitionSpec.UNCONSTRAINED for entry in _spec.partitions_of(spec)):
         return None
     return spec
 

@@ -16,6 +16,8 @@ from .compare import (
     equivalent,
     FIX as _FIX,
     missing_axes,
+    pending_mismatch,
+    pending_refused,
     shards_nothing,
     too_long,
 )
@@ -64,12 +66,16 @@ def eager_message(cls: Any, obj: Any, sharding: Any) -> str:
         return _target_message(cls, obj, sharding, target)
     if type(sharding) is NamedSharding:
         mesh = sharding.mesh
-        missing = missing_axes(cls, mesh)
+        missing = missing_axes(cls, mesh) or pending_refused(cls, mesh)
         if missing:
             return missing
         actual = _spec.format_array(
-            obj.dtype, obj.shape, _spec.entries_of(sharding.spec)
+            obj.dtype, obj.shape, _spec.entries_of(sharding.spec), sharding.spec
         )
+        differs, fix = pending_mismatch(cls, sharding.spec, _mesh.sizes(mesh))
+        if differs:
+            mesh_text = _mesh.format_mesh(mesh)
+            return f"this array `{actual}` is {differs} (mesh {mesh_text}). {fix}"
         return (
             f"this array is sharded as `{actual}`, not {cls._jts.text} as "
             f"expected by the type hint (mesh {_mesh.format_mesh(mesh)}). {_FIX}"
