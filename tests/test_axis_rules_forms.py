@@ -4,6 +4,7 @@ per-call `axis_rules=` on every function of the library, meaning what the same
 table means under `with jts.axis_rules(...)`, through JAX's caches."""
 
 import dataclasses
+import functools as ft
 import inspect
 from typing import Any, NamedTuple
 
@@ -189,14 +190,11 @@ def test_sharded_init_abstract_place(mesh):
         return f(init, shape, mesh=mesh, annotations={"w": W}, **kw)["w"].sharding
 
     for f in (jts.abstract, jts.sharded_init):
-        assert _same(lambda **kw: made(f, (8, 4), **kw), Rules())[1].spec == P(
-            "data", "model"
-        )
-        assert _same(lambda **kw: made(f, (6, 4), **kw), OTHER)[1].spec == P(
-            None, "model"
-        )
+        fits, uneven = ft.partial(made, f, (8, 4)), ft.partial(made, f, (6, 4))
+        assert _same(fits, Rules())[1].spec == P("data", "model")
+        assert _same(uneven, OTHER)[1].spec == P(None, "model")
         # 6 rows do not split over data=4: refused under A, by key path.
-        kind, message = _same(lambda **kw: made(f, (6, 4), **kw), Rules())
+        kind, message = _same(uneven, Rules())
         assert kind is jts.ShardingAnnotationError and "['w']" in message
 
     local = {"w": np.ones((8, 4), np.float32)}
@@ -214,7 +212,8 @@ def _step(p: Tree) -> Tree:
 def test_jit_and_filter_jit_rules_at_wrap_time(mesh):
     ok, wrong = _tree(mesh, P("data", "model")), _tree(mesh, P(None, "model"))
     for make in (jts.jit, jts.filter_jit):
-        under_a, under_b = make(_step, axis_rules=Rules()), make(_step, axis_rules=OTHER)
+        under_a = make(_step, axis_rules=Rules())
+        under_b = make(_step, axis_rules=OTHER)
         for _ in range(3):  # warm: JAX's C++ fast path
             assert under_a(ok)["w"].sharding.spec == P("data", "model")
         with pytest.raises(CHECK_ERRORS, match=r"p\['w'\]"):
@@ -254,6 +253,7 @@ def test_a_per_call_table_through_one_jit_cache(mesh):
     assert jts.collectives(step, ok, axis_rules=PAIRS).count == 0
 
     check_mesh = mesh if mesh.axis_types[0] == jax.sharding.AxisType.Auto else None
+
     def report(**kw):
         return str(jts.preflight(step, ok, mesh=mesh, check_mesh=check_mesh, **kw))
 
