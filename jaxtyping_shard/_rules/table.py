@@ -39,7 +39,7 @@ def record_fields(rules: Any) -> Optional[dict[str, Any]]:
     """A dataclass instance's or a NamedTuple's fields, `{name: value}`, in
     order; `None` for anything else."""
     if isinstance(rules, tuple) and hasattr(rules, "_asdict"):
-        return dict(rules._asdict())
+        return dict(rules._asdict())  # type: ignore[attr-defined]
     if dataclasses.is_dataclass(rules) and not isinstance(rules, type):
         return {f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)}
     return None
