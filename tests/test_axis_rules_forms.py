@@ -251,6 +251,17 @@ def test_a_per_call_table_through_one_jit_cache(mesh):
         with jts.axis_rules(OTHER):
             jts.collectives(step, ok)
     assert jts.collectives(step, ok, axis_rules=PAIRS).count == 0
+    # Its calls through JAX's C++ dispatch, warm under A, then B, then A.
+    with jts.axis_rules(TABLE):
+        for _ in range(3):
+            assert step(ok)["w"].sharding.spec == P("data", "model")
+    with pytest.raises(CHECK_ERRORS, match=r"p\['w'\]"):
+        jts.collectives(step, ok, axis_rules=OTHER)
+    with pytest.raises(CHECK_ERRORS, match=r"p\['w'\]"):
+        with jts.axis_rules(OTHER):
+            step(ok)
+    with jts.axis_rules(TABLE):
+        assert step(ok)["w"].sharding.spec == P("data", "model")
 
     check_mesh = mesh if mesh.axis_types[0] == jax.sharding.AxisType.Auto else None
 
