@@ -222,7 +222,7 @@ def flax_rules(
 
     **Arguments:**
 
-    - `rules`: a table (`AxisRules`, dict or Linen pairs); omitted: those in
+    - `rules`: a table (any form `axis_rules` takes); omitted: those in
         force here.
 
     **Returns:** a tuple of `(name, mesh axis | tuple of mesh axes | None)`.
