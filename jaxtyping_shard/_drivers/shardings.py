@@ -8,9 +8,11 @@ from jax.sharding import NamedSharding
 
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
+from .._rules.scope import per_call as _per_call
 from .._trees import like as _like, walk as _tree
 
 
+@_per_call  # axis_rules=: the call runs under that table
 def shardings(
     tree: Any,
     mesh: Any = None,
@@ -19,6 +21,7 @@ def shardings(
     rules: Optional[Mapping[str, Any]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     like: Any = None,
+    axis_rules: Any = None,
 ) -> Any:
     """The `NamedSharding` of every annotated leaf of a tree, read off annotations.
 
@@ -76,6 +79,8 @@ def shardings(
         factored statistics) and every other leaf (counts) replicated. `like`'s
         annotations count, or where it has none its arrays' shardings. Omitted
         `mesh`: `like`'s. Not together with `annotations` or `rules`.
+    - `axis_rules`: the logical axis rules for this call, as inside `with
+        jts.axis_rules(axis_rules):` (any form it takes); omitted: those in force.
 
     **Returns:**
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import jax
 
+from .._rules.scope import per_call_step as _per_call_step
 from . import budget as _budget, groups as _groups, hlo as _hlo, table as _table
 from .sources import Resolver, Source, Sources
 
@@ -191,7 +192,10 @@ class Collectives:
 Collectives.__module__ = "jaxtyping_shard"
 
 
-def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
+@_per_call_step  # axis_rules=: the call runs under that table
+def collectives(
+    fn: Callable, *args: Any, axis_rules: Any = None, **kwargs: Any
+) -> Collectives:
     """The collectives of `fn`'s compiled program for these arguments, each with
     the line that caused it.
 
@@ -213,6 +217,7 @@ def collectives(fn: Callable, *args: Any, **kwargs: Any) -> Collectives:
     - `fn`: a `jax.jit` or `jaxtyping_shard.jit` object, a plain function
         (compiled with `jax.jit`), or a `Lowered` / `Compiled` stage.
     - `*args`, `**kwargs`: what `fn` would be called with.
+    - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**
 

@@ -260,6 +260,7 @@ def _check_axes(entries: tuple, mesh: Any, annotation: Any, where: str) -> None:
             )
 
 
+@_rules.per_call  # axis_rules=: the call runs under that table
 def explain(
     annotation_or_tree: Any,
     mesh: Any = None,
@@ -269,6 +270,7 @@ def explain(
     sizes: Optional[Mapping[str, int]] = None,
     stacked: Optional[Mapping[str, Any]] = None,
     like: Any = None,
+    axis_rules: Any = None,
 ) -> Explanation:
     """A table of what annotations mean on a mesh, under the axis rules in force.
 
@@ -306,7 +308,7 @@ def explain(
         omitted, the context mesh (`jax.set_mesh`). Without any,
         shard shapes and bytes are `?`.
     - `annotations`, `rules`: as for [`jaxtyping_shard.shardings`][] (an
-        annotation tree; path rules). The *axis* rules are those in force.
+        annotation tree; path rules); `axis_rules`: the logical axis rules.
     - `sizes`: for annotations without values, the size of each dim name
         (`{"embed": 4096, "mlp": 16384}`), so that shards and bytes can be
         computed.

@@ -25,6 +25,7 @@ from .._core.errors import ShardingTypeCheckError
 from .._drivers.jit import boundary as _boundary, derive as _derive
 from .._layout import bridge as _bridge
 from .._layout.spec import has_sharding
+from .._rules.scope import per_call_step as _per_call_step
 from .._trees import (
     like_hint as _like_hint,
     reading as _reading,
@@ -38,12 +39,14 @@ from .abstract_args import abstract, has_arrays, is_array
 from .memory import Checks, format_bytes, leaf_bytes, LeafBytes, PreflightReport
 
 
+@_per_call_step  # axis_rules=: the call runs under that table
 def preflight(
     fn: Any,
     *args: Any,
     mesh: Any = None,
     hbm_bytes: Optional[int] = None,
     check_mesh: Any = None,
+    axis_rules: Any = None,
     **kwargs: Any,
 ) -> PreflightReport:
     """Checks a step on the production mesh and counts its bytes per device,
@@ -105,6 +108,7 @@ def preflight(
         forced CPU devices), on which the step is also compiled (never run), so
         that the checks on `Auto` axes run. Omitted: `mesh` itself if it is
         concrete, else none.
+    - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**
 

@@ -14,16 +14,20 @@ spec entries.
 
 import contextlib
 import contextvars
+import functools
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional, Union
+from collections.abc import Callable, Iterator
+from typing import Any, Optional, TypeVar
 
 import jax
 from jax._src.config import config_ext  # JAX-private: see `_mirror_into_jax`
 
 from .._core import compat
 from .._core.errors import ShardingAnnotationError
-from .table import AxisRules, Conflicts
+from .table import AxisRules, Conflicts, RulesLike
+
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Unset:
@@ -79,7 +83,7 @@ def _coerce(rules: Any, conflicts: Optional[Conflicts]) -> Optional[AxisRules]:
 
 @contextlib.contextmanager
 def axis_rules(
-    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None],
+    rules: Optional[RulesLike],
     *,
     conflicts: Optional[Conflicts] = None,
 ) -> Iterator[Optional[AxisRules]]:
@@ -109,9 +113,12 @@ def axis_rules(
 
     **Arguments:**
 
-    - `rules`: a dict `{logical_name: mesh_axes}`, a Flax Linen-style list of
-        `(logical_name, mesh_axes)` pairs, an [`jaxtyping_shard.AxisRules`][], or
-        `None` for no rules inside the block. See [Logical axes](logical.md).
+    - `rules`: a dict `{logical_name: mesh_axes}`, a dataclass instance or
+        NamedTuple with one field per logical name (the program's own rules), a
+        list of `(logical_name, mesh_axes)` pairs (Flax's form: Linen's
+        `nn.logical_axis_rules`, NNX's `nnx.logical_axis_rules`), an
+        [`jaxtyping_shard.AxisRules`][], or `None` for no rules inside the
+        block. See [Logical axes](logical.md).
     - `conflicts`: `"error"` (default), `"first"` or `"fallback"`: what happens
         when two dims of one array want the same mesh axis.
 
@@ -156,7 +163,7 @@ def _set_default(rules: Optional[AxisRules]) -> None:
 
 
 def set_axis_rules(
-    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None],
+    rules: Optional[RulesLike],
     *,
     conflicts: Optional[Conflicts] = None,
 ) -> contextlib.AbstractContextManager[None]:
@@ -195,7 +202,7 @@ def get_axis_rules() -> Optional[AxisRules]:
 
 
 def flax_rules(
-    rules: Union[AxisRules, Mapping[str, Any], Sequence[tuple[str, Any]], None] = None,
+    rules: Optional[RulesLike] = None,
 ) -> tuple[tuple[str, Any], ...]:
     """The rules as Flax NNX takes them: `(name, mesh_axes)` pairs for
     `nnx.logical_axis_rules`, so that Flax's own eager sharding and
@@ -215,7 +222,7 @@ def flax_rules(
 
     **Arguments:**
 
-    - `rules`: a table (`AxisRules`, dict or Linen pairs); omitted: those in
+    - `rules`: a table (any form `axis_rules` takes); omitted: those in
         force here.
 
     **Returns:** a tuple of `(name, mesh axis | tuple of mesh axes | None)`.
@@ -254,3 +261,104 @@ def flax_rules(
         for name, c in table.pairs
         if name not in table.gathered or c
     )
+
+
+# -- a per-call `axis_rules=` ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def given(rules: Optional[RulesLike]) -> Iterator[None]:
+    """A per-call `axis_rules=`: inside, exactly `with axis_rules(rules):` (the
+    same scope, so JAX's caches key the same way); `None`: the rules in force."""
+    if rules is None:
+        yield
+        return
+    with axis_rules(rules):
+        yield
+
+
+def per_call(fn: F) -> F:
+    """`fn`'s keyword `axis_rules=` (declared in its signature, taken here): the
+    call runs under that table, as inside `with jts.axis_rules(table):`."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with given(kwargs.pop("axis_rules", None)):
+            return fn(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def per_call_step(fn: F) -> F:
+    """`per_call` for a function whose first argument is a step: a step with
+    rules of its own (`jts.jit(f, axis_rules=...)`) is run, traced and checked
+    under those, inside the call's (as a nested `with` would be), by whatever
+    `fn` does with it (`preflight` traces its function itself)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        own = None
+        if args and isinstance(args[0], UnderRules):
+            own, args = args[0]._jts_rules, (args[0]._jts_inner, *args[1:])
+        with given(kwargs.pop("axis_rules", None)), given(own):
+            return fn(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def per_wrap(factory: F) -> F:
+    """`jts.jit(f, axis_rules=...)`: the rules given when `f` is wrapped hold
+    for every call of the result (see `UnderRules`); the table is parsed here,
+    so a malformed one is refused when wrapping."""
+
+    @functools.wraps(factory)
+    def wrap(fun: Any = None, /, *, axis_rules: Any = None, **kwargs: Any) -> Any:
+        if axis_rules is None:
+            return factory(fun, **kwargs)
+        table = _coerce(axis_rules, None)
+        if fun is None:
+            return functools.partial(wrap, axis_rules=table, **kwargs)
+        with given(table):
+            return UnderRules(factory(fun, **kwargs), table)
+
+    return wrap  # type: ignore[return-value]
+
+
+class UnderRules:
+    """A jitted function whose every call, `.lower`, `.trace` and `.eval_shape`
+    runs under one rules table, as inside `with jts.axis_rules(table):` (the
+    same scope, so JAX's caches key on the table as under `with`). Every other
+    attribute is the jitted function's."""
+
+    _STAGES = ("lower", "trace", "eval_shape")
+
+    def __init__(self, inner: Any, rules: Optional[AxisRules]) -> None:
+        self._jts_inner, self._jts_rules = inner, rules
+        functools.update_wrapper(self, inner, updated=())  # name, doc, __wrapped__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with given(self._jts_rules):
+            return self._jts_inner(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_jts_"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        attr = getattr(self._jts_inner, name)
+        if name not in self._STAGES:
+            return attr
+        rules = self._jts_rules
+
+        @functools.wraps(attr)
+        def staged(*args: Any, **kwargs: Any) -> Any:
+            with given(rules):
+                return attr(*args, **kwargs)
+
+        return staged
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return UnderRules(self._jts_inner.__get__(instance, owner), self._jts_rules)
+
+    def __repr__(self) -> str:
+        return f"<{self._jts_inner!r} under axis rules {self._jts_rules!r}>"

@@ -5,8 +5,9 @@ axes (`()`: replicated). Which table is in force is `scope`'s business; turning 
 array's logical names into spec entries is `_layout.resolve`'s.
 """
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Protocol, Union
 
 from .._core.errors import ShardingAnnotationError
 
@@ -22,6 +23,26 @@ _VALUE_FORMS = (
     "`jts.fsdp('data')` (split where stored, gathered where used), or, in a "
     "dict, an ordered list of those as fallbacks (`['fsdp', 'tensor', None]`)."
 )
+
+
+class DataclassRules(Protocol):
+    """A program's own rules as a dataclass instance: one field per logical name."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+# What a rules table may be given as (see `AxisRules`).
+RulesLike = Union["AxisRules", Mapping[str, Any], Sequence[Any], DataclassRules]
+
+
+def record_fields(rules: Any) -> Optional[dict[str, Any]]:
+    """A dataclass instance's or a NamedTuple's fields, `{name: value}`, in
+    order; `None` for anything else."""
+    if isinstance(rules, tuple) and hasattr(rules, "_asdict"):
+        return dict(rules._asdict())  # type: ignore[attr-defined]
+    if dataclasses.is_dataclass(rules) and not isinstance(rules, type):
+        return {f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)}
+    return None
 
 
 class Fsdp:
@@ -127,12 +148,15 @@ def _check_name(name: Any, where: str) -> str:
 class AxisRules:
     """A logical axis rules table, parsed and validated; hashable and immutable.
 
-    Built from a dict (`{"embed": "fsdp", "mlp": "tensor", "batch": None}`) or from
-    a Flax Linen-style list of `(name, mesh_axes)` pairs. The two read differently:
+    Built from a dict (`{"embed": "fsdp", "mlp": "tensor", "batch": None}`), from a
+    program's own dataclass instance or NamedTuple of logical name -> mesh axes
+    (read as the dict of its fields), or from a list of `(name, mesh_axes)` pairs
+    (Flax's form, Linen's `nn.logical_axis_rules` and NNX's alike). The two read
+    differently:
 
-    - a **dict** is looked up dim by dim, left to right; a list value is an ordered
-      list of candidates (the first whose mesh axes are still free in this array
-      and divide the dim wins);
+    - a **dict** (or dataclass, or NamedTuple) is looked up dim by dim, left to
+      right; a list value is an ordered list of candidates (the first whose mesh
+      axes are still free in this array and divide the dim wins);
     - a **list of pairs** is read as Flax Linen reads it: the pairs in order of
       priority, a name repeated for fallbacks, and a list or tuple value naming
       several mesh axes (as MaxText's YAML writes them).
@@ -162,7 +186,7 @@ class AxisRules:
 
     def __init__(
         self,
-        rules: Union["AxisRules", Mapping[str, Any], Sequence[tuple[str, Any]]],
+        rules: RulesLike,
         *,
         conflicts: Optional[Conflicts] = None,
     ):
@@ -173,13 +197,19 @@ class AxisRules:
             conflicts = conflicts or rules.conflicts  # type: ignore[assignment]
         elif isinstance(rules, Mapping):
             pairs, linen = self._from_mapping(rules, gathered), False
+        elif (fields := record_fields(rules)) is not None:
+            owner = type(rules).__name__
+            pairs, linen = self._from_mapping(fields, gathered, owner), False
         elif isinstance(rules, (list, tuple)):
             pairs, linen = self._from_pairs(rules, gathered), True
         else:
+            what = "a dataclass class" if dataclasses.is_dataclass(rules) else ""
+            hint = f" ({what}: pass an instance of it)" if what else ""
             raise ShardingAnnotationError(
                 f"axis rules must be a dict {{name: mesh_axes}} or a list of "
-                f"(name, mesh_axes) pairs (Flax Linen's form), not "
-                f"{type(rules).__name__} {rules!r}."
+                f"(name, mesh_axes) pairs (Flax Linen's and NNX's form), or a "
+                f"dataclass instance or NamedTuple with one field per logical "
+                f"name, not {type(rules).__name__} {rules!r}{hint}."
             )
         conflicts = conflicts or "error"
         if conflicts not in CONFLICTS:
@@ -204,37 +234,40 @@ class AxisRules:
 
     @staticmethod
     def _from_mapping(
-        rules: Mapping[str, Any], fsdp: list
+        rules: Mapping[str, Any], fsdp: list, owner: Optional[str] = None
     ) -> tuple[tuple[str, Candidate], ...]:
         pairs = []
         for name, value in rules.items():
             _check_name(name, "axis rules")
+            rule = f"axis rule {name!r}"
+            if owner:  # a field, named as the program spells it
+                rule += f" (field {owner}.{name})"
             if isinstance(value, Fsdp):
                 pairs.extend(((name, value.axes), (name, ())))
                 fsdp.append(name)
             elif isinstance(value, list):
                 if not value:
                     raise ShardingAnnotationError(
-                        f"axis rule {name!r}: an empty fallback list; give at least "
+                        f"{rule}: an empty fallback list; give at least "
                         "one candidate, e.g. ['fsdp', None]."
                     )
                 for i, option in enumerate(value):
                     if isinstance(option, Fsdp):
                         raise ShardingAnnotationError(
-                            f"axis rule {name!r}: jts.fsdp(...) inside a fallback "
+                            f"{rule}: jts.fsdp(...) inside a fallback "
                             "list; give it as the whole rule, "
                             f"{{{name!r}: {option!r}}} (it falls back to None)."
                         )
                     if isinstance(option, list):
                         raise ShardingAnnotationError(
-                            f"axis rule {name!r}: candidate {i} is a list; write "
+                            f"{rule}: candidate {i} is a list; write "
                             "several mesh axes for one dim as a tuple, e.g. "
                             "('data', 'fsdp')."
                         )
-                    what = f"axis rule {name!r}, candidate {i},"
+                    what = f"{rule}, candidate {i},"
                     pairs.append((name, _candidate(option, what)))
             else:
-                pairs.append((name, _candidate(value, f"axis rule {name!r}")))
+                pairs.append((name, _candidate(value, rule)))
         return tuple(pairs)
 
     @staticmethod

@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._layout import bridge as _bridge, given as _given, spec as _spec
 from .._layout.spec import has_sharding, Lead
+from .._rules.scope import per_call as _per_call
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
 from . import leaves as _leaves, paths as _paths, walk as _tree
@@ -30,6 +31,7 @@ def check_tree(
     name: str = "tree",
     strict: bool = False,
     summary: Literal[False] = False,
+    axis_rules: Any = None,
 ) -> T: ...
 
 
@@ -44,9 +46,11 @@ def check_tree(
     name: str = "tree",
     strict: bool = False,
     summary: Literal[True],
+    axis_rules: Any = None,
 ) -> _leaves.TreeSummary: ...
 
 
+@_per_call  # axis_rules=: the call runs under that table
 def check_tree(
     tree: Any,
     annotations: Any = None,
@@ -57,6 +61,7 @@ def check_tree(
     name: str = "tree",
     strict: bool = False,
     summary: bool = False,
+    axis_rules: Any = None,
 ) -> Any:
     """Checks every leaf of a tree against its annotation; one error lists all.
 
@@ -119,6 +124,8 @@ def check_tree(
     - `summary`: `True`: return a [`jaxtyping_shard.TreeSummary`][] (how many
         leaves were checked, which array leaves declare no sharding) instead of
         the tree.
+    - `axis_rules`: the logical axis rules for this call, as inside `with
+        jts.axis_rules(axis_rules):` (any form it takes); omitted: those in force.
 
     **Returns:**
 

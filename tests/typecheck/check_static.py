@@ -1,10 +1,15 @@
 """Checked by pyright (`pyright tests/typecheck`): the three-argument form is valid."""
 
+import dataclasses
+from typing import NamedTuple, Optional
+
 import jax
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
 from jaxtyping_shard import (
+    axis_rules,
+    AxisRules,
     check_tree,
     Float,
     Int,
@@ -55,3 +60,20 @@ def step(params: dict, opt_state: Like[" params"]) -> tuple[dict, Like[" params"
 
 def first_layer(layers: Stacked[Params], x: jax.Array) -> jax.Array:
     return x @ layers.w[0]  # `Stacked[Params]` reads as `Params`
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:  # a program's own rules table
+    embed: Optional[str] = "data"
+    mlp: tuple[str, ...] = ("model",)
+
+
+class RulesTuple(NamedTuple):
+    embed: Optional[str] = None
+
+
+def own_rules(params: Params) -> Params:
+    # A dataclass, a NamedTuple, Flax's pairs: accepted where a table is.
+    with axis_rules(Rules()), axis_rules(RulesTuple()):
+        table = AxisRules([("embed", "data"), ("mlp", None)])
+    return check_tree(params, axis_rules=table)  # still the tree's own type

@@ -3,18 +3,14 @@
 The steps, each reusing the one path from annotation to sharding:
 
 1. Trace `fn` abstractly (`jax.eval_shape`) under an all-`Auto` copy of the mesh:
-   shapes and dtypes, no data. With `Auto` axes the sharding checks inside `fn`
-   (a `@jaxtyped` module's `__init__`) are compile-time checks, scheduled and
-   never run by `eval_shape`, so they cannot raise a false alarm on values that
-   are not placed yet.
+   shapes and dtypes, no data; the checks inside `fn` are then compile-time ones,
+   which `eval_shape` never runs (no false alarm on values not placed yet).
 2. One `NamedSharding` per array leaf, from the tree walk and the bridge
-   (`_init_plan`); every leaf that cannot be laid out is reported before
-   compiling.
-3. Compile `fn` once with those `out_shardings`. On `Explicit` axes it runs
-   inside `jax.sharding.auto_axes`: there XLA creates each parameter directly in
-   shards (a plain `jit` on an Explicit mesh materialises every full parameter
-   first), and the module's own sharding checks run when XLA compiles, on the
-   layout XLA chose, and raise a `ShardingTypeCheckError`.
+   (`_init_plan`); every leaf that cannot be laid out is reported before compiling.
+3. Compile `fn` once with those `out_shardings`; on `Explicit` axes inside
+   `jax.sharding.auto_axes`, where XLA creates each parameter in shards (a plain
+   `jit` there materialises every full one first) and the module's own checks
+   run when XLA compiles, on the layout it chose (`ShardingTypeCheckError`).
 4. Verify every leaf of the result against its sharding (metadata only).
 """
 
@@ -31,6 +27,7 @@ from ..._core import compat, mesh as _mesh
 from ..._core.errors import ShardingTypeCheckError, ShardingWarning
 from ..._core.modes import current_mode
 from ..._layout import bridge as _bridge, spec as _spec
+from ..._rules.scope import per_call_step as _per_call_step
 from . import lowering as _lowering, plan as _init_plan
 from .trace import abstract_shapes, run_deferred, Traced
 
@@ -242,6 +239,7 @@ def verify(tree: Any, shardings: list, what: str) -> None:
         raise ShardingTypeCheckError(message)
 
 
+@_per_call_step  # axis_rules=: the call runs under that table
 def sharded_init(
     fn: Callable,
     *args: Any,
@@ -251,6 +249,7 @@ def sharded_init(
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
     like: Any = None,
+    axis_rules: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Calls `fn(*args, **kwargs)`, creating every leaf already sharded as annotated.
@@ -313,6 +312,7 @@ def sharded_init(
         or `rules`: the first positional argument that is a tree (not one
         leaf) holding an array, whose structure the result holds (`params` of
         `sharded_init(opt.init, params)`). `like=False`: never.
+    - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**
 
@@ -337,6 +337,7 @@ def sharded_init(
     return run()
 
 
+@_per_call_step  # axis_rules=: the call runs under that table
 def abstract(
     fn: Callable,
     *args: Any,
@@ -346,6 +347,7 @@ def abstract(
     stacked: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
     like: Any = None,
+    axis_rules: Any = None,
     **kwargs: Any,
 ) -> Any:
     """The tree `fn(*args, **kwargs)` would return, as `jax.ShapeDtypeStruct`s with

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..._rules.scope import per_wrap as _per_wrap
 from ..._trees.signature import read
 from . import boundary as _boundary, derive as _derive
 
@@ -40,8 +41,14 @@ _STATIC = "_jts_static"
 _ACCEPTED = ("in_shardings", "out_shardings", "reshard_inputs")
 
 
+@_per_wrap  # axis_rules=: every call of the result runs under that table
 def filter_jit(
-    fun: Callable | None = None, /, *, donate: str = "none", **jit_kwargs: Any
+    fun: Callable | None = None,
+    /,
+    *,
+    donate: str = "none",
+    axis_rules: Any = None,
+    **jit_kwargs: Any,
 ) -> Any:
     """`eqx.filter_jit`, plus `jaxtyping_shard.jit`'s checks and shardings.
 
@@ -81,6 +88,7 @@ def filter_jit(
         `reshard_inputs=True`, `stacked=`: as for [`jaxtyping_shard.jit`][],
         applied to the array leaves (keyword-only and `*args` parameters are
         not donated).
+    - `axis_rules`: as for [`jaxtyping_shard.jit`][]: for every call.
 
     **Returns:**
 

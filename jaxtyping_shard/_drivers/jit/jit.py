@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 
+from ..._rules.scope import per_wrap as _per_wrap
 from . import boundary as _boundary, derive as _jit_shardings
 
 
@@ -34,7 +35,10 @@ def sharding_errors() -> Iterator[None]:
     yield
 
 
-def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
+@_per_wrap  # axis_rules=: every call of the result runs under that table
+def jit(
+    fun: Callable | None = None, /, *, axis_rules: Any = None, **jit_kwargs: Any
+) -> Any:
     """`jax.jit`, plus a check of every annotated leaf of arguments and results.
 
     A checked function needs nothing more than `jax.jit`: the compile-time checks
@@ -78,6 +82,12 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any) -> Any:
         annotation's, for the checks and the derived shardings, as
         [`jaxtyping_shard.sharded_init`][]'s `stacked=` (a field annotated
         `jts.Stacked[Block]` needs no pattern).
+    - `axis_rules`: a logical axis rules table (any form
+        [`jaxtyping_shard.axis_rules`][] takes) for every call of the result, and
+        its `.lower`, `.trace` and `.eval_shape`: each runs as inside `with
+        jts.axis_rules(axis_rules):`, a `with` block around it included (the
+        table given here is the inner one). Given when wrapping, not per call (a
+        keyword of the call is `fun`'s); per call, use the `with` block.
 
     **Returns:**
 

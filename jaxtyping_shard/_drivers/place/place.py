@@ -33,6 +33,7 @@ from . import rows as _rows, verify as _verify
 _VERIFY = (None, False, "shapes", "checksum")
 
 
+@_rules.per_call  # axis_rules=: the call runs under that table
 def place(
     local: Any,
     annotations: Any,
@@ -42,6 +43,7 @@ def place(
     verify: Optional[str] = "shapes",
     rules: Optional[Mapping[str, Any]] = None,
     strict: bool = False,
+    axis_rules: Any = None,
 ) -> Any:
     """Host-local data as global arrays, laid out as the annotations say.
 
@@ -99,6 +101,7 @@ def place(
     - `rules`: path rules, as for [`jaxtyping_shard.shardings`][].
     - `strict`: `True`: a leaf whose annotation declares no sharding is an error
         instead of placed replicated.
+    - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**
 
