@@ -31,7 +31,7 @@ from .._layout import given as _given, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict import constraints as _constraints
 from .._verdict.compare import FIX
-from . import paths as _paths
+from . import paths as _paths, silent as _silent
 
 
 def leaf_failures(
@@ -99,7 +99,9 @@ def leaf_failures(
     finally:
         if hidden:
             _shape_storage.memo_stack = hidden
-    return failures
+    return failures + _silent.context_failures(
+        leaves, paths, checkers, name, failures, Missing
+    )
 
 
 def _stack_hint(leaf: Any, checker: Any) -> str:
@@ -166,7 +168,8 @@ class TreeSummary:
         import jax.numpy as jnp
         import jaxtyping_shard as jts
 
-        summary = jts.check_tree({"w": jnp.ones((8, 4))}, summary=True)
+        tree = {"w": jnp.ones((8, 4))}  # nothing declared: expected here
+        summary = jts.check_tree(tree, summary=True, may_check_nothing=True)
         assert summary.checked == 0 and summary.unannotated == ("tree['w']",)
         ```
 
