@@ -158,6 +158,9 @@ def check_tree(
     counts = _leaves.Counts()
     counts.add(name, leaves, plan, checkers)
     failures = _leaves.leaf_failures(leaves, plan.paths, checkers, name)
+    failures += _silent.context_failures(
+        leaves, plan.paths, checkers, name, failures, _leaves.Missing
+    )
     structure = [
         (_paths.path_name(name, path), reason)
         for path, reason in _tree.problems(leaves, plan)

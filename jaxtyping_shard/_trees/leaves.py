@@ -31,7 +31,7 @@ from .._layout import given as _given, spec as _spec
 from .._layout.spec import has_sharding, sharded_members
 from .._verdict import constraints as _constraints
 from .._verdict.compare import FIX
-from . import paths as _paths, silent as _silent
+from . import paths as _paths
 
 
 def leaf_failures(
@@ -99,9 +99,7 @@ def leaf_failures(
     finally:
         if hidden:
             _shape_storage.memo_stack = hidden
-    return failures + _silent.context_failures(
-        leaves, paths, checkers, name, failures, Missing
-    )
+    return failures
 
 
 def _stack_hint(leaf: Any, checker: Any) -> str:

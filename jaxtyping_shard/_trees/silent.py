@@ -5,8 +5,9 @@
   that is expected (`may_check_nothing=True`);
 - `context_failures`: checked leaves laid out as annotated, on a mesh whose axis
   types the context mesh (`jax.set_mesh`) refuses, so that the first `jit`
-  under it would raise. A tree-level step of `leaves.leaf_failures`, so that
-  `isinstance`'s cached pass (the eager hot path) need not read the context.
+  under it would raise. A step of `check_tree` and of the `jts.jit` boundary
+  (not of `isinstance`, whose cached pass, the eager hot path, reads no context;
+  nor of `place`'s own verification, which keeps an annotation's own mesh).
 """
 
 from typing import Any
