@@ -113,7 +113,8 @@ def test_every_boundary_refuses_a_dict_for_a_module_class(restored_as_dicts, mes
     def step(params: Dense) -> Array:
         return jnp.sum(params.w)
 
-    for wrap in (jts.jit, jts.filter_jit):
+    derived = {"in_shardings": "annotations", "out_shardings": "annotations"}
+    for wrap in (jts.jit, jts.filter_jit, lambda f: jts.jit(f, **derived)):
         f = wrap(step)
         with jax.set_mesh(mesh):
             f(good)

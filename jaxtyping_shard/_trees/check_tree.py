@@ -172,7 +172,7 @@ def check_tree(
         found.summary = counts.summary(tree)  # type: ignore[attr-defined]
         raise found
     if counts.unannotated and not counts.checked and not may_check_nothing:
-        found = _silent.nothing_checked(f"check_tree({name})", counts, like is not None)
+        found = _silent.nothing_checked(f"check_tree({name})", counts)
         found.summary = counts.summary(tree)  # type: ignore[attr-defined]
         raise found
     if summary:

@@ -74,16 +74,11 @@ def context_failures(
     return out
 
 
-def nothing_checked(what: str, counts: Any, like: bool) -> ShardingTypeCheckError:
+def nothing_checked(what: str, counts: Any) -> ShardingTypeCheckError:
     """The error of a tree check that found array leaves and checked none of
-    them: each leaf (the first 8) and why nothing declares its layout."""
-    if like:
-        why = (
-            "`like`'s leaf declares no sharding and is traced over Auto axes, so "
-            "its layout is not known here"
-        )
-    else:
-        why = "no annotation declares one"
+    them: each leaf (the first 8) and why nothing declares its layout (`like=`
+    declares every leaf, so it never gets here)."""
+    why = "no annotation declares one"
     found = counts.unannotated
     lines = [f"  {_paths.path_name(n, p)}: {note or why}" for n, p, note in found[:8]]
     if len(found) > 8:
