@@ -85,17 +85,34 @@ def test_strict_names_every_unannotated_array_leaf(mesh):
     jts.check_tree(arrays, like=arrays, strict=True)  # like= compares every leaf
 
 
-def test_a_check_that_checked_nothing_says_so_when_asked(mesh_explicit):
-    # No warning (a third party's tree, an optax state of a plain dict, checks
-    # nothing and must not break a call): the summary and `strict` say it.
-    tree = {"a": place(mesh_explicit, (8, 4), P("data"))}
+def test_a_check_that_checks_nothing_is_not_a_pass(mesh_explicit):
+    # Array leaves, none of them checked (issue 33, item 2): an error naming
+    # each and why, unless the caller says it is expected; with no warning on
+    # the way (an optax state of a plain dict must not break a call by one).
+    tree = {"a": place(mesh_explicit, (8, 4), P("data")), "n": 3}
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jts.check_tree(tree, name="state")
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("check_tree(state): its one array leaf is not checked")
+    assert lines[1] == "  state['a']: no annotation declares one"
+    assert "`may_check_nothing=True`" in lines[-1]
+    assert info.value.summary.checked == 0  # type: ignore[attr-defined]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert jts.check_tree(tree) is tree
-    summary = jts.check_tree(tree, summary=True)
+        assert jts.check_tree(tree, may_check_nothing=True) is tree
+    summary = jts.check_tree(tree, summary=True, may_check_nothing=True)
     assert summary.checked == 0 and summary.unannotated == ("tree['a']",)
     with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\['a'\]: declares no"):
-        jts.check_tree(tree, strict=True)
+        jts.check_tree(tree, strict=True, may_check_nothing=True)
+    # Nothing to check is not nothing checked: no array leaves, or one checked
+    # (dims only, no sharding) beside unannotated ones, passes as before.
+    assert jts.check_tree({"n": 3, "s": "x"}) == {"n": 3, "s": "x"}
+    jts.check_tree(tree, {"a": Float[Array, "b e"], "n": None})
+    # Inside jit too, on the traced leaves (the int is an array there).
+    check = jax.jit(lambda t: jts.check_tree(t, name="t"))
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"none of its 2 array"):
+        check(tree)
+    jax.jit(lambda t: jts.check_tree(t, may_check_nothing=True))(tree)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -113,8 +130,12 @@ def test_random_trees_count_what_an_oracle_counts(seed, mesh_explicit):
             "sharded": Float[Array, "b@data e"],
             "plain": Float[Array, "b e"],
         }.get(kind)
-    summary = jts.check_tree(tree, annotations, summary=True)
-    assert summary.checked == sum(k in ("sharded", "plain") for k in kinds)
+    checked = sum(k in ("sharded", "plain") for k in kinds)
+    if not checked and "none" in kinds:  # array leaves, none checked: refused
+        with pytest.raises(jts.ShardingTypeCheckError, match="may_check_nothing"):
+            jts.check_tree(tree, annotations)
+    summary = jts.check_tree(tree, annotations, summary=True, may_check_nothing=True)
+    assert summary.checked == checked
     bare = {f"tree['k{i}']" for i, k in enumerate(kinds) if k in ("plain", "none")}
     assert set(summary.unannotated) == bare
     if bare:

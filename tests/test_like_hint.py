@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from beartype import beartype
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxtyping import Array, jaxtyped
+from jaxtyping import jaxtyped
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float
 
 from .helpers import MESHES
+from .optimisers import Dense  # the class of the parameters `_module_params` makes
 from .test_like_init import _module_params, expected_specs, OPTIMISERS
 
 
@@ -22,11 +22,6 @@ optax = pytest.importorskip("optax")
 
 KINDS = ("explicit", "auto")
 DERIVED = {"in_shardings": "annotations", "out_shardings": "annotations"}
-
-
-class Dense(eqx.Module):
-    w: Float[Array, "a b", P("data", "model")]
-    b: Float[Array, "b", P("model")]  # noqa: F821
 
 
 def _replicate(tree, mesh, kind):

@@ -129,5 +129,8 @@ def test_no_metadata_declares_nothing_where_flax_says_replicated():
         p = nnx.Param(jnp.zeros((8, 8)))
     assert nnx.get_partition_spec(p).get_value() == jax.P()
     assert jts.shardings(p, mesh=mesh).get_value() is None
-    summary = jts.check_tree(p, summary=True)
+    # Checking it alone checks nothing: refused unless said to be expected.
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\.value: no annot"):
+        jts.check_tree(p)
+    summary = jts.check_tree(p, summary=True, may_check_nothing=True)
     assert summary.checked == 0 and summary.unannotated == ("tree.value",)

@@ -12,7 +12,7 @@ from .._layout.spec import has_sharding, Lead
 from .._rules.scope import per_call as _per_call
 from .._verdict.check import sharding_check, spec_check
 from .._verdict.inputs import of_value
-from . import leaves as _leaves, paths as _paths, walk as _tree
+from . import leaves as _leaves, paths as _paths, silent as _silent, walk as _tree
 from .like import like_layout
 from .stacked import rank_mismatch
 
@@ -30,6 +30,7 @@ def check_tree(
     stacked: Optional[Mapping[str, Any]] = None,
     name: str = "tree",
     strict: bool = False,
+    may_check_nothing: bool = False,
     summary: Literal[False] = False,
     axis_rules: Any = None,
 ) -> T: ...
@@ -45,6 +46,7 @@ def check_tree(
     stacked: Optional[Mapping[str, Any]] = None,
     name: str = "tree",
     strict: bool = False,
+    may_check_nothing: bool = False,
     summary: Literal[True],
     axis_rules: Any = None,
 ) -> _leaves.TreeSummary: ...
@@ -60,6 +62,7 @@ def check_tree(
     stacked: Optional[Mapping[str, Any]] = None,
     name: str = "tree",
     strict: bool = False,
+    may_check_nothing: bool = False,
     summary: bool = False,
     axis_rules: Any = None,
 ) -> Any:
@@ -121,6 +124,11 @@ def check_tree(
     - `strict`: `True`: every array leaf must declare a sharding; each that does
         not (no annotation, one without a sharding, or under a hint that cannot
         be read) is a failure, named by key path.
+    - `may_check_nothing`: `True`: a tree with array leaves none of which is
+        checked passes (a bare optax state, a third party's tree: expected to
+        declare nothing). By default that is an error, naming the leaves and
+        why none declares anything (no annotation, or one that cannot be read):
+        a check that checked nothing is not a pass.
     - `summary`: `True`: return a [`jaxtyping_shard.TreeSummary`][] (how many
         leaves were checked, which array leaves declare no sharding) instead of
         the tree.
@@ -140,8 +148,9 @@ def check_tree(
     elements, a dict missing a required key of its `TypedDict`), every
     dataclass JAX sees as one leaf because it is not registered as a pytree
     (its arrays would go unchecked), and with `strict=True` every array leaf
-    that declares no sharding. Its first line counts the checked and the
-    unannotated leaves; `error.summary` is the `TreeSummary`.
+    that declares no sharding; and, unless `may_check_nothing=True`, a tree
+    that has array leaves but checks none of them. Its first line counts the
+    checked and the unannotated leaves; `error.summary` is the `TreeSummary`.
     [`jaxtyping_shard.ShardingAnnotationError`][] for malformed annotations or
     rules.
     """
@@ -156,6 +165,9 @@ def check_tree(
     counts = _leaves.Counts()
     counts.add(name, leaves, plan, checkers)
     failures = _leaves.leaf_failures(leaves, plan.paths, checkers, name)
+    failures += _silent.context_failures(
+        leaves, plan.paths, checkers, name, failures, _leaves.Missing
+    )
     structure = [
         (_paths.path_name(name, path), reason)
         for path, reason in _tree.problems(leaves, plan)
@@ -164,6 +176,10 @@ def check_tree(
         found = _leaves.error(
             f"check_tree({name})", failures, counts, structure, strict
         )
+        found.summary = counts.summary(tree)  # type: ignore[attr-defined]
+        raise found
+    if counts.unannotated and not counts.checked and not may_check_nothing:
+        found = _silent.nothing_checked(f"check_tree({name})", counts)
         found.summary = counts.summary(tree)  # type: ignore[attr-defined]
         raise found
     if summary:

@@ -194,7 +194,42 @@ def child_hints(node: Any, kids: list, hint: Any, where: tuple, problems: list) 
         member = _union_member(node, kids, hint)
         if member is not None:
             return child_hints(node, kids, member, where, problems)
+    elif not_the_class(node, hint):
+        problems.append((where, _not_the_class(node, hint)))
+        return [None] * len(kids)
     return field_child_hints(node, kids)
+
+
+def not_the_class(node: Any, hint: Any) -> bool:
+    """Whether `node` (a pytree node, not a leaf) cannot be the class its hint
+    declares: a class whose fields describe its children (a dataclass, an
+    Equinox module, a NamedTuple, a class with field annotations), and a node
+    that is not an instance of it (a plain dict where `Transformer` is declared:
+    what an Orbax restore without a target gives). Its fields' annotations
+    would apply to none of the leaves below."""
+    if node is None or not isinstance(hint, type) or is_typeddict(hint):
+        return False
+    if not (
+        dataclasses.is_dataclass(hint)
+        or (issubclass(hint, tuple) and hasattr(hint, "_fields"))
+        or any(getattr(c, "__annotations__", None) for c in hint.__mro__[:-1])
+    ):
+        return False
+    try:
+        return not isinstance(node, hint)
+    except TypeError:  # a class `isinstance` refuses (a Protocol): not decided
+        return False
+
+
+def _not_the_class(node: Any, hint: type) -> str:
+    name = f"{hint.__module__}.{hint.__qualname__}"
+    return (
+        f"{_a(node)} where its type hint declares the class `{name}`, so its "
+        "fields' annotations apply to none of the leaves below and nothing there "
+        f"is checked. Pass a `{hint.__qualname__}` (an Orbax restore without a "
+        "target gives plain dicts: restore onto a target, such as `jts.abstract`'s "
+        "tree of the class)"
+    )
 
 
 def field_child_hints(node: Any, kids: list) -> list:

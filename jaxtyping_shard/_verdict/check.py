@@ -45,7 +45,9 @@ from .compare import (
     pending_refused,
     same_mesh_shape,
     shards_nothing,
+    target_types_clash,
     too_long,
+    types_message,
 )
 from .constraints import constrained_spec, placed_spec
 from .eager import check_unsharded, eager_message, eager_verdict
@@ -160,6 +162,10 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
             f"{_mesh.format_mesh(mesh)}, not on the mesh of {cls._jts.text} "
             f"({_mesh.format_mesh(target_mesh)}) as expected{_when(obj)}"
         )
+    if target_types_clash(mesh, target_mesh):
+        noun = f"{_noun(obj)} `{aval.str_short()}`"
+        whose = f"the mesh of {cls._jts.text}"
+        return types_message(noun, mesh, target_mesh, whose, laid_out=False)
     sizes = _mesh.sizes(mesh)
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     auto = _mesh.names_of_type(mesh, AxisType.Auto)

@@ -229,3 +229,63 @@ def contrast(
             here = f" in memory {sharding.memory_kind!r}"
             there = f" in memory {target.memory_kind!r}"
     return f"`{actual}`{here}", f"`{wanted}`", there
+
+
+# Axis types (issue 33, item 3). `is_equivalent_to` ignores them, but JAX does
+# not: under `jax.set_mesh(mesh)` every primitive requires each operand's mesh to
+# equal the context mesh, axis types included, unless both are all Auto
+# (`jax._src.core.check_avals_context_mesh`). An array restored on a mesh of the
+# same devices with other axis types passes every layout check, and the first
+# `jit` under that mesh raises.
+
+
+def _all_auto(mesh: Any) -> bool:
+    return all(t == AxisType.Auto for t in mesh.axis_types)
+
+
+def _types_differ(mesh: Any, other: Any) -> bool:
+    return same_mesh_shape(mesh, other) and tuple(mesh.axis_types) != tuple(
+        other.axis_types
+    )
+
+
+def context_types_clash(mesh: Any, context: Any) -> bool:
+    """Whether a value on `mesh` breaks JAX under the context mesh `context` by
+    its axis types alone (the same axis names and sizes, other types; both all
+    Auto is JAX's one exception)."""
+    if context is None or context.empty or mesh is None or mesh.empty:
+        return False
+    return not (_all_auto(mesh) and _all_auto(context)) and _types_differ(mesh, context)
+
+
+def target_types_clash(mesh: Any, target_mesh: Any) -> bool:
+    """Whether a value on `mesh` fails a concrete sharding's mesh by its axis
+    types: the target has an Explicit (or Manual) axis, so its types are part of
+    the layout asked for, and `mesh`'s differ. An all-Auto target asks nothing of
+    them (XLA decides there)."""
+    if target_mesh is None or mesh is None or _all_auto(target_mesh):
+        return False
+    return _types_differ(mesh, target_mesh)
+
+
+def _types(mesh: Any) -> str:
+    return "(" + ", ".join(t.name for t in mesh.axis_types) + ")"
+
+
+def types_message(
+    what: str, mesh: Any, other: Any, whose: str, laid_out: bool = True
+) -> str:
+    """Why `what` (`this array`) on `mesh` fails for its axis types, against
+    `whose` (`the context mesh`) `other`, and the fix; `laid_out`: its layout is
+    known to match."""
+    axes = ", ".join(repr(n) for n in mesh.axis_names)
+    return (
+        f"{what} is on a mesh with axis types {_types(mesh)}, not "
+        f"{_types(other)} as {whose} has (axes {axes})"
+        + ("; its layout matches, but" if laid_out else ":")
+        + " the first `jit` under `jax.set_mesh` of that mesh raises (JAX "
+        "compares axis types, `is_equivalent_to` does not). Reshard it onto that "
+        "mesh: restore onto (or `jax.device_put` onto) the shardings of "
+        "`jts.abstract(..., mesh=mesh)`; one array: `jax.device_put(x, "
+        "NamedSharding(mesh, x.sharding.spec))`."
+    )

@@ -19,7 +19,9 @@ from .compare import (
     pending_mismatch,
     pending_refused,
     shards_nothing,
+    target_types_clash,
     too_long,
+    types_message,
 )
 
 
@@ -28,6 +30,9 @@ def eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
         return False
     target = getattr(cls, "_jts_target", None)
     if target is not None:
+        mesh = getattr(target, "mesh", None)
+        if target_types_clash(getattr(sharding, "mesh", None), mesh):
+            return False  # an Explicit target: its axis types are asked for
         return agrees(sharding, target, ndim)  # devices and memory kind too
     if type(sharding) is NamedSharding:
         if missing_axes(cls, sharding.mesh):
@@ -46,6 +51,11 @@ def eager_verdict(cls: Any, sharding: Any, ndim: int) -> bool:
 
 def _target_message(cls: Any, obj: Any, sharding: Any, target: Any) -> str:
     ndim = len(obj.shape)
+    mesh, target_mesh = getattr(sharding, "mesh", None), getattr(target, "mesh", None)
+    if target_types_clash(mesh, target_mesh) and agrees(sharding, target, ndim):
+        return types_message(
+            "this array", mesh, target_mesh, f"the mesh of {cls._jts.text}"
+        )
     actual, expected, there = contrast(
         sharding, target, obj.dtype, obj.shape, cls._jts.entries(ndim)
     )

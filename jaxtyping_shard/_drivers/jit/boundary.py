@@ -27,6 +27,7 @@ from ..._trees import (
     leaves as _leaves,
     like_hint as _like_hint,
     paths as _paths,
+    silent as _silent,
     walk as _tree,
 )
 from ..._trees.signature import read
@@ -151,8 +152,12 @@ def _failures(
         mine = placed.get(name) if placed else None
         if mine is not None and len(mine) != len(leaves):
             mine = _on_traced(leaves, mine)
-        failures += _leaves.leaf_failures(
+        found = _leaves.leaf_failures(
             leaves, plan.paths, checkers, name, function, is_return, placed=mine
+        )
+        failures += found
+        failures += _silent.context_failures(
+            leaves, plan.paths, checkers, name, found, _leaves.Missing
         )
 
 
