@@ -26,6 +26,7 @@ def resolve(
     mesh: Any,
     rules: Optional[AxisRules],
     where: str = "the type hint",
+    lead: tuple = (),
 ) -> _spec.Entries:
     """The spec entries of one array under a rules table: THE resolution.
 
@@ -41,17 +42,30 @@ def resolve(
         `_rules.scope.current()`); `None`: no rules, an error for a logical
         layout.
     - `where`: the annotation, for messages.
+    - `lead`: a stacked leaf's declared leading entries (`stacked=`,
+        `jts.Stacked`), which come before the dims `layout` describes: the
+        mesh axes they hold are taken, as a dim of the same array holding them
+        would take them. A logical name whose candidate the stack holds falls
+        back (a `jts.fsdp` name is replicated: FSDP never splits the stacked
+        dim, and never a second dim over the stack's axis); a physical layout
+        naming one is refused.
 
     **Returns:** one entry per dim (a tuple of mesh axes, `()` for replicated).
 
     **Raises:** `ShardingAnnotationError`: no rules, a name with no rule, a mesh
-    axis the mesh lacks, a conflict under `conflicts="error"`.
+    axis the mesh lacks, a conflict under `conflicts="error"`, a mesh axis both
+    the stack and a physical layout name.
     """
     ndim = shape if isinstance(shape, int) else len(shape)
+    held = _spec.held_axes(lead)
     if isinstance(layout, _spec.Layout):
-        return layout.entries(ndim)
+        entries = layout.entries(ndim)
+        conflict = _spec.held_conflict(entries, held, lead, where) if held else ""
+        if conflict:
+            raise ShardingAnnotationError(conflict)
+        return entries
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
-    return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where)
+    return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where, held)
 
 
 def rules_for(
@@ -142,8 +156,27 @@ def physical_layout(
         how = f"by the axis rules {shown.describe(only=only)}"
         if layout.direct and len(ruled) < len(names):
             how += ", other names taken as mesh axes"
-    text = f"{_spec.format_entries(entries)} (from {layout.text} {how})"
+    text = f"{_spec.format_entries(entries)} (from {layout.text} {how}"
+    text += f"{_short_metadata(layout, ndim)})"
     return _spec.Layout(entries, (), text)
+
+
+def _short_metadata(layout: LogicalLayout, ndim: int) -> str:
+    """For NNX metadata naming fewer dims than the array has: its names go to
+    the leading dims, so a stack whose axis `nnx.vmap` / `nnx.scan` did not
+    insert reads a layer's names off by the stack (issue 33, item 5)."""
+    named = layout.min_rank
+    if not layout.direct or ndim <= named or not any(layout.prefix):
+        return ""
+    extra = ndim - named
+    return (
+        f"; that metadata names {named} of the array's {ndim} dims, so dim 0 "
+        f"reads as `{layout.prefix[0]}`: if the array is a stack of layers, its "
+        f"{extra} stacked axis{'es are' if extra > 1 else ' is'} missing from "
+        "out_sharding. Stack with `transform_metadata={nnx.PARTITION_NAME: "
+        "'layers'}` on `nnx.vmap` / `nnx.scan` (and a rule for 'layers'); if "
+        "not, name every dim of the Variable, None where replicated"
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -153,12 +186,13 @@ def _resolve(
     axes: Optional[tuple[tuple[str, ...], tuple[int, ...]]],
     rules: Optional[AxisRules],
     where: str,
+    held: tuple = (),
 ) -> _spec.Entries:
     ndim = shape if isinstance(shape, int) else len(shape)
     names = layout.names(ndim)
     sizes = _validate(layout, names, axes, rules, where)
     assert rules is not None  # `_validate` raised otherwise
-    return _assign(names, shape, sizes, rules, layout, where)
+    return _assign(names, shape, sizes, rules, layout, where, held)
 
 
 def check_resolvable(
@@ -228,11 +262,12 @@ def _check_mesh_axes(named, rules, sizes, axes, where) -> None:
                     )
 
 
-def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
+def _assign(names, shape, sizes, rules, layout, where, held=()) -> _spec.Entries:
     ndim = len(names)
     known = None if isinstance(shape, int) or sizes is None else shape
     entries: list[Optional[Candidate]] = [None if n else () for n in names]
     holder: dict[str, int] = {}  # mesh axis -> the dim that holds it
+    stack = dict(held)  # mesh axis -> the stacked dim that holds it (taken first)
     # Per dim, each candidate refused: (candidate, why, the dim holding its axis).
     tried: dict[int, list[tuple[Candidate, str, Optional[int]]]] = {
         i: [] for i in range(ndim)
@@ -240,6 +275,10 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
 
     def attempt(i: int, candidate: Candidate, divide: bool) -> bool:
         for axis in candidate:
+            if axis in stack:
+                why = f"{axis!r} is taken by the leaf's stacked dim {stack[axis]}"
+                tried[i].append((candidate, why, STACKED))
+                return False
             if axis in holder:
                 k = holder[axis]
                 why = f"{axis!r} is taken by dim {k} (`{names[k]}`)"
@@ -283,6 +322,9 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
     return tuple(e if e is not None else () for e in entries)
 
 
+STACKED = -1  # in `tried`: the candidate's axis is held by a stacked dim
+
+
 def _conflict_message(i, names, tried, rules, layout, where) -> str:
     name = names[i]
     options = rules.candidates(name)
@@ -293,6 +335,16 @@ def _conflict_message(i, names, tried, rules, layout, where) -> str:
             f"pairs gives each rule to the first dim of its name only (as Flax "
             f"Linen reads it), so dim {i} has none under the axis rules "
             f"{rules.describe()}."
+        )
+    elif len(tried) == 1 and len(options) == 1 and tried[0][2] == STACKED:
+        candidate, why, _ = tried[0]
+        return (
+            f"{where}: dim {i} (`{name}`) resolves to mesh axis "
+            f"{format_candidate(candidate)} under the axis rules {rules.describe()}, "
+            f"but {why} (`stacked=` or `jts.Stacked[...]`); a mesh axis can shard "
+            f"at most one dim of an array. {_spec.STACK_FIXES} Or give {name!r} a "
+            f"fallback list, e.g. {{{name!r}: [..., None]}}, or replicate the "
+            "later dim with `jts.axis_rules(rules, conflicts='first')`."
         )
     elif len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
         candidate, _, k = tried[0]

@@ -321,6 +321,38 @@ class Lead:
         return f"Lead({self.inner!r}, {self.lead!r})"
 
 
+def held_axes(lead: tuple) -> tuple[tuple[str, int], ...]:
+    """`(mesh axis, stacked dim)` for each mesh axis a stack's entries hold."""
+    out = []
+    for j, entry in enumerate(lead):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        out.extend((axis, j) for axis in axes)
+    return tuple(out)
+
+
+STACK_FIXES = (
+    "Fixes: stack over another mesh axis (`stacked={pattern: ('pipe',)}`, "
+    "`jts.Stacked[Block, ('pipe',)]`) or replicate the stack (`1`); or shard "
+    "that dim of the layer over another axis."
+)
+
+
+def held_conflict(entries: Entries, held: tuple, lead: tuple, where: str) -> str:
+    """Why a physical layout's `entries` cannot follow its stack ("" if they
+    can): one uses a mesh axis the stack holds (`held`, `held_axes(lead)`)."""
+    stack = dict(held)
+    for i, entry in enumerate(entries):
+        for axis in entry:
+            if axis in stack:
+                return (
+                    f"{where} shards its dim {i} over mesh axis {axis!r}, which the "
+                    f"leaf's stacked dim {stack[axis]} already holds (the stack "
+                    f"{format_spec(PartitionSpec(*lead))}); a mesh axis "
+                    f"can shard at most one dim of an array. {STACK_FIXES}"
+                )
+    return ""
+
+
 def has_sharding(annotation: Any) -> bool:
     """Whether `annotation` says anything about a sharding (a stacked leaf's
     does: its leading dims, and replicated where its layer's says nothing)."""

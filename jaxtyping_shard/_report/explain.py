@@ -177,7 +177,9 @@ def _row(
     ndim = len(inner) if inner is not None else fixed
     if ndim is None:
         ndim = layout.min_rank
-    entries = _spec.entries_of(_bridge.spec_for(annotation, inner or ndim, mesh, where))
+    entries = _spec.entries_of(
+        _bridge.spec_for(annotation, inner or ndim, mesh, where, lead)
+    )
     entries = tuple(_entry(e) for e in lead) + entries + ((),) * (ndim - len(entries))
     _check_axes(entries, mesh, annotation, where)
     spec = PartitionSpec(*(e[0] if len(e) == 1 else e or None for e in entries))
