@@ -20,7 +20,7 @@ from .._annotation.used import used_annotation
 from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
-from .._layout.spec import has_sharding, LogicalLayout, only_axes
+from .._layout.spec import has_sharding, Lead, LogicalLayout, only_axes
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
@@ -145,10 +145,18 @@ def _each_leaf(
         return jax.tree.map(lambda leaf: lay_out(leaf, annotation), x)
     leaves, plan = _tree.plan_for(x, annotation, stacked=stacked)
     _tree.refuse_problems(leaves, plan, caller, "x")
-    out = [
-        leaf if not has_sharding(a) else lay_out(leaf, a)
-        for leaf, a in zip(leaves, plan.annotations)
-    ]
+    out = []
+    for leaf, a, path in zip(leaves, plan.annotations, plan.paths):
+        if not has_sharding(a):
+            out.append(leaf)
+            continue
+        try:
+            out.append(lay_out(leaf, a))
+        except ShardingAnnotationError as error:
+            # The leaf first: its annotation alone does not say which it is.
+            text = str(error).removeprefix(f"{caller}: ")
+            name = "x" + jax.tree_util.keystr(path)
+            raise ShardingAnnotationError(f"{caller}: {name}: {text}") from None
     return jax.tree_util.tree_unflatten(plan.treedef, out)
 
 
@@ -164,6 +172,10 @@ def _as_used_leaf(leaf: Any, annotation: Any) -> Any:
 def _used(annotation: Any) -> Any:
     if isinstance(annotation, (PartitionSpec, NamedSharding)):
         return annotation
+    if isinstance(annotation, Lead):  # a stacked leaf: its layer's, as used
+        return Lead(_used(annotation.inner), annotation.lead)
+    if not has_sharding(annotation):
+        return annotation  # a stacked leaf's unannotated layer: as stacked
     if isinstance(_given.layout_of(annotation, "as_used"), LogicalLayout):
         return used_annotation(annotation, "as_used")
     return annotation  # physical: as written

@@ -233,6 +233,11 @@ def typed_shard_map(
             out_specs = _out_specs(outs, where, manual)
         return mapped(out_specs, check_vma)(*args)
 
+    # Its entry checks no traced argument: shard_map lays each out by its
+    # in_spec (on Auto axes, silently), and the body's checks see local shards
+    # laid out so. The `jts.jit` boundary checks its arguments itself (see
+    # `jit.boundary.checks_own_entry`).
+    wrapped._jts_unchecked_entry = wrapped  # type: ignore[attr-defined]
     return wrapped
 
 

@@ -24,6 +24,7 @@ def spec_for(
     shape: Union[tuple, int, None],
     mesh: Any,
     where: str = "",
+    lead: tuple = (),
 ) -> PartitionSpec:
     """The annotation's spec for one array, one entry per dim: THE path from an
     annotation to a spec, every caller's (checks resolve through the same
@@ -36,6 +37,8 @@ def spec_for(
         nothing is sharded after a variadic dim, the leading dims only).
     - `mesh`: the mesh the array is (or will be) on, its axes and sizes checked
         against the rules in force; `None` when not known.
+    - `lead`: for the layer of a stacked leaf, the stack's entries before the
+        dims `shape` counts: the mesh axes they hold are taken (`resolve`).
     """
     if isinstance(annotation, Lead):
         return _lead_spec(annotation, shape, mesh, where)
@@ -73,7 +76,7 @@ def spec_for(
     known = shape if isinstance(shape, tuple) else ndim
     label = f"{where}: {describe(annotation)}" if where else describe(annotation)
     rules = _current_rules()
-    entries = _resolve.resolve(layout, known, mesh, rules, label)
+    entries = _resolve.resolve(layout, known, mesh, rules, label, lead)
     entries = entries + ((),) * (pad_to - len(entries))
     unreduced, reduced = _resolve.pending(layout, mesh, rules, label)
     return _spec.make_spec(entries, unreduced, reduced)
@@ -97,7 +100,7 @@ def _lead_spec(
         count = rest if isinstance(rest, int) else len(rest or ())
         return PartitionSpec(*annotation.lead, *([None] * count))
     try:
-        spec = spec_for(inner, rest, mesh, where)
+        spec = spec_for(inner, rest, mesh, where, annotation.lead)
     except ShardingAnnotationError as error:
         raise ShardingAnnotationError(
             f"{error} (after the leaf's {n} declared stacked dim{'s' * (n > 1)}: "

@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 from .._core.errors import ShardingAnnotationError
 from .._rules.table import AxisRules, Candidate, format_candidate
-from . import spec as _spec
+from . import conflicts as _conflicts, spec as _spec
 from .spec import LogicalLayout
 
 
@@ -26,6 +26,7 @@ def resolve(
     mesh: Any,
     rules: Optional[AxisRules],
     where: str = "the type hint",
+    lead: tuple = (),
 ) -> _spec.Entries:
     """The spec entries of one array under a rules table: THE resolution.
 
@@ -41,17 +42,30 @@ def resolve(
         `_rules.scope.current()`); `None`: no rules, an error for a logical
         layout.
     - `where`: the annotation, for messages.
+    - `lead`: a stacked leaf's declared leading entries (`stacked=`,
+        `jts.Stacked`), which come before the dims `layout` describes: the
+        mesh axes they hold are taken, as a dim of the same array holding them
+        would take them. A logical name whose candidate the stack holds falls
+        back (a `jts.fsdp` name is replicated: FSDP never splits the stacked
+        dim, and never a second dim over the stack's axis); a physical layout
+        naming one is refused.
 
     **Returns:** one entry per dim (a tuple of mesh axes, `()` for replicated).
 
     **Raises:** `ShardingAnnotationError`: no rules, a name with no rule, a mesh
-    axis the mesh lacks, a conflict under `conflicts="error"`.
+    axis the mesh lacks, a conflict under `conflicts="error"`, a mesh axis both
+    the stack and a physical layout name.
     """
     ndim = shape if isinstance(shape, int) else len(shape)
+    held = _conflicts.held_axes(lead)
     if isinstance(layout, _spec.Layout):
-        return layout.entries(ndim)
+        entries = layout.entries(ndim)
+        conflict = _conflicts.held_conflict(entries, held, lead, where) if held else ""
+        if conflict:
+            raise ShardingAnnotationError(conflict)
+        return entries
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
-    return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where)
+    return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where, held)
 
 
 def pending(
@@ -120,33 +134,6 @@ def rules_for(
     return (rules or AxisRules({})).with_mesh_axes(free)
 
 
-def flax_reading(layout: LogicalLayout, ndim: int, rules: Optional[AxisRules]) -> str:
-    """The `PartitionSpec` Flax NNX resolves a layout to (`nnx.get_partition_spec`
-    under `nnx.logical_axis_rules` with the same table: the last rule of a name
-    wins, a name no rule maps is kept as a mesh axis), for messages."""
-    table = dict(rules.pairs) if rules is not None else {}
-    shown = []
-    for name in layout.names(ndim):
-        if name is None:
-            shown.append("None")
-        elif name in table:
-            shown.append(format_candidate(table[name]))
-        else:
-            shown.append(repr(name))
-    return f"P({', '.join(shown)})"
-
-
-def _flax_note(layout: Any, names: Any, rules: Optional[AxisRules]) -> str:
-    if not isinstance(layout, LogicalLayout) or not layout.direct:
-        return ""
-    return (
-        f" Flax would resolve it to {flax_reading(layout, len(names), rules)} (the "
-        "last rule of a name wins; a name no rule maps is passed to the mesh as "
-        "an axis), which JAX refuses or which shards otherwise than the rules "
-        "say; jaxtyping_shard is stricter."
-    )
-
-
 def depends_on_shape(
     layout: Union[LogicalLayout, _spec.Layout], rules: Optional[AxisRules]
 ) -> bool:
@@ -192,8 +179,26 @@ def physical_layout(
     shown = _spec.format_entries(entries)
     if unreduced or reduced:
         shown = _spec.format_spec(_spec.make_spec(entries, unreduced, reduced))
-    text = f"{shown} (from {layout.text} {how})"
+    text = f"{shown} (from {layout.text} {how}{_short_metadata(layout, ndim)})"
     return _spec.Layout(entries, (), text, unreduced, reduced)
+
+
+def _short_metadata(layout: LogicalLayout, ndim: int) -> str:
+    """For NNX metadata naming fewer dims than the array has: its names go to
+    the leading dims, so a stack whose axis `nnx.vmap` / `nnx.scan` did not
+    insert reads a layer's names off by the stack (issue 33, item 5)."""
+    named = layout.min_rank
+    if not layout.direct or ndim <= named or not any(layout.prefix):
+        return ""
+    extra = ndim - named
+    return (
+        f"; that metadata names {named} of the array's {ndim} dims, so dim 0 "
+        f"reads as `{layout.prefix[0]}`: if the array is a stack of layers, its "
+        f"{extra} stacked axis{'es are' if extra > 1 else ' is'} missing from "
+        "out_sharding. Stack with `transform_metadata={nnx.PARTITION_NAME: "
+        "'layers'}` on `nnx.vmap` / `nnx.scan` (and a rule for 'layers'); if "
+        "not, name every dim of the Variable, None where replicated"
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -203,12 +208,13 @@ def _resolve(
     axes: Optional[tuple[tuple[str, ...], tuple[int, ...]]],
     rules: Optional[AxisRules],
     where: str,
+    held: tuple = (),
 ) -> _spec.Entries:
     ndim = shape if isinstance(shape, int) else len(shape)
     names = layout.names(ndim)
     sizes = _validate(layout, names, axes, rules, where)
     assert rules is not None  # `_validate` raised otherwise
-    return _assign(names, shape, sizes, rules, layout, where)
+    return _assign(names, shape, sizes, rules, layout, where, held)
 
 
 def check_resolvable(
@@ -254,7 +260,7 @@ def _validate(layout, names, axes, rules, where) -> Optional[dict]:
             f"a rule for each: mesh axes to shard it, or None to replicate it on "
             f"purpose (e.g. {{{', '.join(f'{n!r}: None' for n in unknown)}}})."
             + (" The mesh has no such axis either." if layout.direct else "")
-            + _flax_note(layout, names, rules)
+            + _conflicts.flax_note(layout, names, rules)
         )
     sizes = None if axes is None else dict(zip(*axes))
     if sizes is not None:
@@ -278,11 +284,12 @@ def _check_mesh_axes(named, rules, sizes, axes, where) -> None:
                     )
 
 
-def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
+def _assign(names, shape, sizes, rules, layout, where, held=()) -> _spec.Entries:
     ndim = len(names)
     known = None if isinstance(shape, int) or sizes is None else shape
     entries: list[Optional[Candidate]] = [None if n else () for n in names]
     holder: dict[str, int] = {}  # mesh axis -> the dim that holds it
+    stack = dict(held)  # mesh axis -> the stacked dim that holds it (taken first)
     # Per dim, each candidate refused: (candidate, why, the dim holding its axis).
     tried: dict[int, list[tuple[Candidate, str, Optional[int]]]] = {
         i: [] for i in range(ndim)
@@ -290,6 +297,10 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
 
     def attempt(i: int, candidate: Candidate, divide: bool) -> bool:
         for axis in candidate:
+            if axis in stack:
+                why = f"{axis!r} is taken by the leaf's stacked dim {stack[axis]}"
+                tried[i].append((candidate, why, _conflicts.STACKED))
+                return False
             if axis in holder:
                 k = holder[axis]
                 why = f"{axis!r} is taken by dim {k} (`{names[k]}`)"
@@ -326,50 +337,9 @@ def _assign(names, shape, sizes, rules, layout, where) -> _spec.Entries:
     for i in range(ndim):
         if entries[i] is None:
             if rules.conflicts == "error":
-                raise ShardingAnnotationError(
-                    _conflict_message(i, names, tried[i], rules, layout, where)
+                why = _conflicts.conflict_message(
+                    i, names, tried[i], rules, layout, where
                 )
+                raise ShardingAnnotationError(why)
             entries[i] = ()
     return tuple(e if e is not None else () for e in entries)
-
-
-def _conflict_message(i, names, tried, rules, layout, where) -> str:
-    name = names[i]
-    options = rules.candidates(name)
-    if not tried and rules.linen:
-        k = names.index(name)
-        head = (
-            f"{where}: dims {k} and {i} are both named `{name}`, and a list of "
-            f"pairs gives each rule to the first dim of its name only (as Flax "
-            f"Linen reads it), so dim {i} has none under the axis rules "
-            f"{rules.describe()}."
-        )
-    elif len(tried) == 1 and len(options) == 1 and tried[0][2] is not None:
-        candidate, _, k = tried[0]
-        axes = " and ".join(repr(a) for a in candidate)
-        head = (
-            f"{where}: dims {k} (`{names[k]}`) and {i} (`{name}`) both resolve to "
-            f"mesh axis {axes} under the axis rules {rules.describe()}; a mesh axis "
-            "can shard at most one dim of an array."
-        )
-    else:
-        listed = "; ".join(f"{format_candidate(c)}: {why}" for c, why, _ in tried)
-        head = (
-            f"{where}: dim {i} (`{name}`) fits none of the candidates of its axis "
-            f"rule ({listed}) under the axis rules {rules.describe()}."
-        )
-    other = f"{name}_out" if not name.endswith("_out") else f"{name}2"
-    if layout.variadic:
-        renamed = f"..., {other!r}, ..."
-    else:
-        renamed = ", ".join(
-            repr(other) if j == i else repr(n) for j, n in enumerate(names)
-        )
-    return (
-        f"{head}{_flax_note(layout, names, rules)} Fixes: replicate the later dim "
-        "with `jts.axis_rules(rules, "
-        f"conflicts='first')` (FSDP on a square weight); shard the dims by "
-        f"different rules without renaming the size names, "
-        f"`Logical({renamed})` with a rule for {other!r}; or give {name!r} a "
-        f"fallback list, e.g. {{{name!r}: [..., None]}}."
-    )

@@ -178,7 +178,7 @@ def _row(
     ndim = len(inner) if inner is not None else fixed
     if ndim is None:
         ndim = layout.min_rank
-    resolved = _bridge.spec_for(annotation, inner or ndim, mesh, where)
+    resolved = _bridge.spec_for(annotation, inner or ndim, mesh, where, lead)
     entries = _spec.entries_of(resolved)
     entries = tuple(_entry(e) for e in lead) + entries + ((),) * (ndim - len(entries))
     _check_axes(entries, mesh, annotation, where)

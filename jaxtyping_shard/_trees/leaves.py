@@ -24,7 +24,7 @@ from jaxtyping._storage import _shape_storage
 
 from .._core import site as _site
 from .._core.compat import ARRAY_IMPL
-from .._core.errors import ShardingTypeCheckError
+from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
 from .._core.failures import warn_at_user_line
 from .._core.modes import current_mode
 from .._layout import given as _given, spec as _spec
@@ -60,15 +60,17 @@ def leaf_failures(
         for i, (leaf, checker, path) in enumerate(zip(leaves, checkers, paths)):
             if checker is None:
                 continue
-            if isinstance(checker, RankFirst):  # stacked: its rank first
+            stacked = isinstance(checker, RankFirst)
+            reason_of = _named(_paths.path_name(name, path)) if stacked else _reason
+            if stacked:  # stacked: its rank first
                 wrong = checker._jts_rank_reason(leaf)
                 found: Any = Missing(wrong, layout=True) if wrong else checker
                 checker = found
             if leaf.__class__ is ARRAY_IMPL and type(checker) is not Missing:
                 # A concrete array, the common case: its check, and no more.
-                if isinstance(leaf, checker):  # type: ignore[arg-type]
+                if not stacked and isinstance(leaf, checker):  # type: ignore[arg-type]
                     continue
-                reason = _reason(checker, leaf)
+                reason = reason_of(checker, leaf)
             elif type(checker) is Missing:
                 reason = checker.reason
                 if checker.layout and current_mode() != "check":
@@ -77,7 +79,7 @@ def leaf_failures(
                         warn_at_user_line(f"{_paths.path_name(name, path)}: {reason}")
                     continue
             elif isinstance(leaf, Tracer) and not name_sites:
-                reason = _reason(checker, leaf)
+                reason = reason_of(checker, leaf)
             elif isinstance(leaf, Tracer):
                 # Compile-time (Auto) checks name the leaf by its key path.
                 argument = None if is_return else name
@@ -85,13 +87,13 @@ def leaf_failures(
                 sharding = placed[i] if placed is not None else None
                 with _site.naming(function, argument, is_return, keys):
                     with _constraints.placed(leaf, sharding):
-                        reason = _reason(checker, leaf)
+                        reason = reason_of(checker, leaf)
             elif isinstance(leaf, jax.ShapeDtypeStruct):
-                reason = _reason(checker, leaf, _abstract_reason)
-            elif isinstance(leaf, checker):  # type: ignore[arg-type]
+                reason = reason_of(checker, leaf, _abstract_reason)
+            elif not stacked and isinstance(leaf, checker):  # type: ignore[arg-type]
                 continue
             else:
-                reason = _reason(checker, leaf)
+                reason = reason_of(checker, leaf)
             if reason:
                 hint = _stack_hint(leaf, checker)
                 reason = f"{reason.rstrip('.')}.{hint}" if hint else reason
@@ -100,6 +102,20 @@ def leaf_failures(
         if hidden:
             _shape_storage.memo_stack = hidden
     return failures
+
+
+def _named(leaf_name: str) -> Any:
+    """`_reason` for a stacked leaf: an annotation error its check raises (its
+    stack and its layer on one mesh axis, a logical name with no rule) names
+    the leaf first, as its annotation alone does not say which leaf it is."""
+
+    def reason(checker: Any, leaf: Any, one: Any = None) -> str:
+        try:
+            return _reason(checker, leaf, one)
+        except ShardingAnnotationError as error:
+            raise ShardingAnnotationError(f"{leaf_name}: {error}") from None
+
+    return reason
 
 
 def _stack_hint(leaf: Any, checker: Any) -> str:

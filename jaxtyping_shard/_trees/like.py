@@ -207,24 +207,26 @@ def stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partiti
     rest = shape[len(lead) :]
     if not has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
-    spec = resolved_spec(leaf, annotation, len(lead), where)
+    spec = resolved_spec(leaf, annotation, lead, where)
     entries = tuple(spec) + (None,) * (len(rest) - len(spec))
     return PartitionSpec(*lead, *entries)
 
 
-def resolved_spec(leaf: Any, annotation: Any, lead: int, where: str) -> PartitionSpec:
+def resolved_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:
     """A sharded annotation's spec for the leaf's dims after its `lead` stacked
-    ones, resolved as a check of that leaf would be (`_verdict.inputs.of_value`:
-    its shape, or inside shard_map its rank, and its mesh)."""
+    ones (their entries: the mesh axes they hold are taken), resolved as a
+    check of that leaf would be (`_verdict.inputs.of_value`: its shape, or
+    inside shard_map its rank, and its mesh)."""
     shape, mesh = of_value(leaf)
-    dims = shape[lead:] if isinstance(shape, tuple) else shape - lead
-    return _bridge.spec_for(annotation, dims, mesh, where)
+    n = len(lead)
+    dims = shape[n:] if isinstance(shape, tuple) else shape - n
+    return _bridge.spec_for(annotation, dims, mesh, where, lead)
 
 
 def _like_spec(leaf: Any, annotation: Any, path: tuple, what: str) -> PartitionSpec:
     where = "like" + jax.tree_util.keystr(path)
     if has_sharding(annotation):
-        return resolved_spec(leaf, annotation, 0, where)
+        return resolved_spec(leaf, annotation, (), where)
     if isinstance(leaf, Tracer):
         aval = jax.typeof(leaf)
         mesh = _mesh.of_aval(aval)

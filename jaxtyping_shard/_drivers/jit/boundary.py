@@ -48,6 +48,7 @@ def checked(
     one is decided at trace time from it (`_verdict.constraints.placed`) rather
     than left to the compile."""
     stacked = lenient(stacked)
+    own = checks_own_entry(fun)
     info: list = []  # the signature, read at the first call
     entry = Entry(fun, _hints.field_hints)
 
@@ -71,7 +72,7 @@ def checked(
             for param, value, hint in arguments:
                 _failures(
                     value, hint, param, name, stacked, counts, failures, structure,
-                    likes, placed,
+                    likes, placed, own,
                 )  # fmt: skip
             if failures or structure:
                 raise _leaves.error(f"{where}, arguments", failures, counts, structure)
@@ -80,7 +81,7 @@ def checked(
             hint = signature.hint("return") or signature.unread.get("return")
             _failures(
                 out, hint, "return", name, stacked, counts, failures, structure,
-                likes, placed,
+                likes, placed, own,
             )  # fmt: skip
             if failures or structure:
                 raise _leaves.error(
@@ -95,6 +96,17 @@ def checked(
         return boundary
 
     return make({})
+
+
+def checks_own_entry(fun: Callable) -> bool:
+    """Whether `fun`'s own checker (jaxtyped, beartype, typeguard) is left its
+    parameters annotated as one array. Not so for a function whose entry
+    checks no traced argument, marked `_jts_unchecked_entry` (the function
+    itself, not a wrapper that copied its `__dict__`): `typed_shard_map`,
+    whose shard_map lays each argument out by its in_spec before the body's
+    checks see it (on Auto axes without a word). The boundary checks those."""
+    target = fun.func if isinstance(fun, ft.partial) else fun
+    return getattr(target, "_jts_unchecked_entry", None) is not target
 
 
 def _parameters(signature: Any) -> list:
@@ -125,11 +137,12 @@ def _failures(
     structure: list,
     likes: Any = None,
     placed: Optional[dict] = None,
+    own: bool = True,
 ) -> None:
     """Adds the failures of one argument (or the result) to `failures`, and the
     nodes its hints do not fit to `structure` (`placed`: the shardings `jit`
-    gives the leaves, see `checked`)."""
-    if _hints.leaf_annotation(hint) is not None:
+    gives the leaves, see `checked`; `own`: see `checks_own_entry`)."""
+    if own and _hints.leaf_annotation(hint) is not None:
         # A parameter (or return) annotated as one array is the function's own
         # checker's to check (jaxtyped, beartype, typeguard); checking it here too
         # would report each of its mismatches twice.
