@@ -90,7 +90,8 @@ def plan(request: Request) -> Plan:
         mesh = _any_mesh(_init_plan.mesh_of(request), request.what)
     else:
         mesh = _concrete_mesh(_init_plan.mesh_of(request), request.what)
-    traced = Traced(request.fn, request.args, dict(request.kwargs))
+    abstract = request.what == "abstract"
+    traced = Traced(request.fn, request.args, dict(request.kwargs), abstract)
     tree = abstract_shapes(traced, mesh)
     like = _init_plan.like_of(request, tree)
     shardings = _init_plan.leaf_shardings(
