@@ -28,12 +28,17 @@ KINDS = ["explicit", "auto"]
 
 
 def make_params(style, mesh):
-    """The parameters, placed on `mesh`: a module, a tuple, or one array."""
-    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", "model")))
-    b = jax.device_put(jnp.zeros(4), NamedSharding(mesh, P("model")))
-    return {"module": lambda: Dense(w, b), "tuple": lambda: (w, b), "array": lambda: w}[
-        style
-    ]()
+    """The parameters, placed on `mesh`: a module, a tuple, or one array (made
+    once per mesh: they are only read)."""
+    key = (mesh, style)
+    if key not in _PARAMS:
+        w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", "model")))
+        b = jax.device_put(jnp.zeros(4), NamedSharding(mesh, P("model")))
+        _PARAMS[key] = {"module": Dense(w, b), "tuple": (w, b), "array": w}[style]
+    return _PARAMS[key]
+
+
+_PARAMS: dict = {}
 
 
 STYLES = ["module", "tuple", "array"]
@@ -93,6 +98,16 @@ def placed(state, specs, mesh):
     return jax.tree.unflatten(treedef, out)
 
 
+def described(state, specs, mesh):
+    """`state` as structs laid out by `specs` (a check reads no data)."""
+    leaves, treedef = jax.tree.flatten(state)
+    out = [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
+        for x, s in zip(leaves, specs)
+    ]
+    return jax.tree.unflatten(treedef, out)
+
+
 def first_sharded(state, specs):
     """`(index, key path)` of the first leaf the oracle shards."""
     paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
@@ -138,16 +153,16 @@ def test_every_eager_path_agrees_with_tree_map_params(name, mesh_kind, style):
     same(mesh, leaf_specs(got), want, shapes)
 
     # check_tree(like=): the state laid out by the oracle passes, every leaf
-    # checked; one moment replicated instead is named by its path.
-    concrete = placed(state_values(opt, params), want, mesh)
-    summary = jts.check_tree(concrete, like=params, summary=True)
+    # checked; one moment replicated instead is named by its path (structs:
+    # concrete states are checked in test_like_optimiser_state.py and at the
+    # boundary in test_like_every_boundary.py).
+    summary = jts.check_tree(described(state, want, mesh), like=params, summary=True)
     assert summary.checked == summary.leaves == len(want)
     i, path = first_sharded(state, want)
-    leaves, treedef = jax.tree.flatten(concrete)
-    leaves[i] = jax.device_put(leaves[i], NamedSharding(mesh, P()))
-    bad = jax.tree.unflatten(treedef, leaves)
+    wrong = list(want)
+    wrong[i] = P()
     with pytest.raises(jts.ShardingTypeCheckError) as info:
-        jts.check_tree(bad, like=params, name="opt_state")
+        jts.check_tree(described(state, wrong, mesh), like=params, name="opt_state")
     failures = [ln for ln in str(info.value).splitlines() if ln.startswith("  opt_")]
     assert [ln.split(":")[0].strip() for ln in failures] == [f"opt_state{path}"]
 

@@ -60,10 +60,10 @@ class Like:
 
     The name of another parameter of the same function. Each subtree of the
     argument with that parameter's structure (an optimiser state's moments) must
-    be laid out as that argument (its annotations, or where it has none its
-    arrays' shardings), its leaves of another shape (adafactor's factored
-    statistics) and every other leaf (counts) replicated: the rule of
-    [`jaxtyping_shard.check_tree`][]'s `like=`. Checked by
+    be laid out as that argument (its annotations, its own hint's included, or
+    where it has none its arrays' shardings), its leaves of another shape
+    (adafactor's factored statistics) and every other leaf (counts) replicated:
+    the rule of [`jaxtyping_shard.check_tree`][]'s `like=`. Checked by
     [`jaxtyping_shard.jit`][] and [`jaxtyping_shard.filter_jit`][] at the
     boundary, and used for `in_shardings` / `out_shardings="annotations"`. In a
     return annotation (whole, or an element of `tuple[...]`) it means the layout

@@ -311,9 +311,9 @@ def sharded_init(
     - `like`: a tree (the parameters) the result follows by the `like=` rule
         of [`jaxtyping_shard.check_tree`][] (an optimiser state's moments as
         the parameters, other leaves replicated). Omitted, with no `annotations`
-        or `rules`: the first positional argument that is a tree (not one
-        leaf) holding an array, whose structure the result holds (`params` of
-        `sharded_init(opt.init, params)`). `like=False`: never.
+        or `rules`: the first positional argument holding an array whose
+        structure the result holds (`sharded_init(opt.init, params)`), or one
+        placed array if the result declares no layout. `like=False`: never.
 
     **Returns:**
 
