@@ -166,9 +166,13 @@ def test_like_refuses_annotations_and_a_foreign_tree():
         jts.shardings(state, mesh, like=params, rules={"**": P()})
     with pytest.raises(ValueError, match="not both"):
         jts.explain(state, like=params, annotations=P())
-    other = {"x": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    # A tree sharing some of `like`'s paths is matched by path: `x` is named.
+    other = {"w": state[0].mu.w, "x": jax.ShapeDtypeStruct((3,), jnp.float32)}
     with pytest.raises(jts.ShardingAnnotationError, match=r"tree\['x'\].*structure"):
         jts.shardings(other, mesh, like=params)
+    # One sharing none, holding no moment (`sgd(schedule)`): replicated, by rule.
+    alone = {"x": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    assert jts.shardings(alone, mesh, like=params)["x"].spec == P()
 
 
 N = 1024

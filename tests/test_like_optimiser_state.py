@@ -127,10 +127,22 @@ def test_moments_of_the_wrong_layout_are_caught_inside_jit():
             step(params, wrong)  # another layout: traced again, and caught
 
 
-def test_a_tree_with_no_params_shaped_subtree_still_says_so():
+def test_a_tree_with_no_params_shaped_subtree_is_held_replicated():
+    # No moments (`sgd(schedule)`'s count): every leaf replicated, by the rule.
     mesh = MESHES["explicit"]()
     params = _params(mesh)
-    other = {"x": jax.device_put(jnp.ones(3), NamedSharding(mesh, P()))}
+    other = {"x": jax.device_put(jnp.ones(8), NamedSharding(mesh, P()))}
+    assert jts.check_tree(other, like=params) is other
+    sharded = {"x": jax.device_put(jnp.ones(8), NamedSharding(mesh, P("data")))}
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"tree\['x'\]"):
+        jts.check_tree(sharded, like=params)
+
+
+def test_a_tree_sharing_some_paths_still_names_what_like_lacks():
+    mesh = MESHES["explicit"]()
+    params = {"w": jax.device_put(jnp.ones(8), NamedSharding(mesh, P("data")))}
+    x = jax.device_put(jnp.ones(3), NamedSharding(mesh, P()))
+    other = {"w": params["w"], "x": x}
     with pytest.raises(jts.ShardingTypeCheckError, match="structure differs"):
         jts.check_tree(other, like=params)
 

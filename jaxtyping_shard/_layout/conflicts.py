@@ -1,13 +1,13 @@
 """Why a layout cannot be resolved, in words: a mesh axis a stack already holds,
 dims competing for one mesh axis under the rules, and how Flax would read the
-same names (for the message). The texts `resolve` raises with.
+same names (for the message). The texts `resolve` raises with. `rules` is an
+`AxisRules` (imported by `resolve`, not here: one module less in the chain).
 """
 
-from typing import Any, Optional
+from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from .._rules.table import AxisRules, format_candidate
 from . import spec as _spec
 from .spec import LogicalLayout
 
@@ -44,7 +44,7 @@ def held_conflict(entries: _spec.Entries, held: tuple, lead: tuple, where: str) 
     return ""
 
 
-def flax_reading(layout: LogicalLayout, ndim: int, rules: Optional[AxisRules]) -> str:
+def flax_reading(layout: LogicalLayout, ndim: int, rules: Any) -> str:
     """The `PartitionSpec` Flax NNX resolves a layout to (`nnx.get_partition_spec`
     under `nnx.logical_axis_rules` with the same table: the last rule of a name
     wins, a name no rule maps is kept as a mesh axis), for messages."""
@@ -54,13 +54,13 @@ def flax_reading(layout: LogicalLayout, ndim: int, rules: Optional[AxisRules]) -
         if name is None:
             shown.append("None")
         elif name in table:
-            shown.append(format_candidate(table[name]))
+            shown.append(rules.show(table[name]))
         else:
             shown.append(repr(name))
     return f"P({', '.join(shown)})"
 
 
-def flax_note(layout: Any, names: Any, rules: Optional[AxisRules]) -> str:
+def flax_note(layout: Any, names: Any, rules: Any) -> str:
     if not isinstance(layout, LogicalLayout) or not layout.direct:
         return ""
     return (
@@ -90,7 +90,7 @@ def conflict_message(i, names, tried, rules, layout, where) -> str:
         candidate, why, _ = tried[0]
         return (
             f"{where}: dim {i} (`{name}`) resolves to mesh axis "
-            f"{format_candidate(candidate)} under the axis rules {rules.describe()}, "
+            f"{rules.show(candidate)} under the axis rules {rules.describe()}, "
             f"but {why} (`stacked=` or `jts.Stacked[...]`); a mesh axis can shard "
             f"at most one dim of an array. {STACK_FIXES} Or give {name!r} a "
             f"fallback list, e.g. {{{name!r}: [..., None]}}, or replicate the "
@@ -105,7 +105,7 @@ def conflict_message(i, names, tried, rules, layout, where) -> str:
             "can shard at most one dim of an array."
         )
     else:
-        listed = "; ".join(f"{format_candidate(c)}: {why}" for c, why, _ in tried)
+        listed = "; ".join(f"{rules.show(c)}: {why}" for c, why, _ in tried)
         head = (
             f"{where}: dim {i} (`{name}`) fits none of the candidates of its axis "
             f"rule ({listed}) under the axis rules {rules.describe()}."

@@ -270,8 +270,7 @@ def _report(
     rows: list[LeafBytes] = []
     arguments = list(signature.arguments(pos, kw))
     # The arguments a `jts.Like[...]` names: their leaves lay the others out.
-    wanted = _like_hint.targets(signature.hints)
-    likes = {a: _tree.plan_for(v) for a, v, _ in arguments if a in wanted}
+    likes = _like_hint.like_plans(signature, [(a, v) for a, v, _ in arguments])
     for arg, value, hint in arguments:
         if not has_arrays(value):
             continue  # static

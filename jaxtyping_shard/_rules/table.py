@@ -339,6 +339,11 @@ class AxisRules:
     def __hash__(self) -> int:
         return self._hash
 
+    @staticmethod
+    def show(candidate: Candidate) -> str:
+        """One candidate as the rules are written: `'data'`, `('x', 'y')`, `None`."""
+        return format_candidate(candidate)
+
     def describe(self, only: Optional[Sequence[str]] = None) -> str:
         """`{'embed': 'fsdp', 'mlp': None}`: the rules (or those for `only`)."""
         if self.linen:

@@ -112,7 +112,10 @@ def check_tree(
         sharded as the leaf at the same key path of `like`, as `like`'s own
         annotations say or, where it has none, as it is actually sharded
         (concrete arrays, or Explicit axes inside `jit`). Only the sharding is
-        compared. Not together with `annotations` or `rules`.
+        compared. Not together with `annotations` or `rules`. A tree without
+        `like`'s key paths (an optimiser state) follows `like` in each subtree
+        holding its structure (an `optax.MaskedNode` may stand for any part of
+        it; one array: every array leaf), every other leaf replicated.
     - `stacked`: as for [`jaxtyping_shard.sharded_init`][]: `{pattern: n}` (or
         `{pattern: ('pipe',)}`) declares the extra leading dims of the leaves
         whose key path matches (layers stacked with `eqx.filter_vmap`). Those

@@ -14,6 +14,8 @@ fields are `None` in the `eqx.filter`ed parameters an optax state holds).
 leaf of a tree, the spec it must have, read off `like`'s leaf.
 """
 
+import functools
+import sys
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -58,26 +60,75 @@ def array_structure(tree: Any) -> Any:
 
 
 def params_shaped(tree: Any, like_structure: Any) -> Optional[dict]:
-    """`{key ids of a leaf path of tree: key ids of like's leaf}` for every leaf
-    of a subtree of `tree` whose `array_structure` is `like_structure`; `None`
-    when there is no such subtree, or when `like` is a single leaf (every array
-    would match)."""
-    if like_structure.num_nodes == 1:
-        return None
+    """`{key ids of a leaf path of tree: key ids of like's leaf}` for every array
+    leaf of a subtree of `tree` that holds `like`'s structure (`like_structure`,
+    its `array_structure`), as `optax.tree_map_params` finds them; `None` when
+    there is none. Held means: that structure, where optax's `MaskedNode` may
+    stand for any of its subtrees (`optax.masked`, `multi_transform`: the
+    masked-out parameters); when `like` is one array, every array leaf of `tree`
+    is one. Derived once per pair of structures."""
+    structure = array_structure(tree)
+    try:
+        found = _matched(structure, like_structure)
+    except TypeError:  # a structure that cannot be hashed (unhashable static data)
+        found = _matched.__wrapped__(structure, like_structure)
+    return dict(found) if found else None
+
+
+@functools.lru_cache(maxsize=256)
+def _matched(structure: Any, like_structure: Any) -> tuple:
+    """`params_shaped`'s pairs, from the two structures alone."""
+    skeleton = jax.tree_util.tree_unflatten(structure, range(structure.num_leaves))
+    if like_structure.num_nodes == 1:  # one array: each array leaf holds it
+        flat = jax.tree_util.tree_flatten_with_path(skeleton)[0]
+        return tuple((tuple(map(_paths.key_id, path)), ()) for path, _ in flat)
+    like_skeleton = jax.tree_util.tree_unflatten(
+        like_structure, range(like_structure.num_leaves)
+    )
+    masked = _masked_node()
 
     def is_params(node: Any) -> bool:
-        return array_structure(node) == like_structure
+        return _holds(node, like_skeleton, like_structure, masked)
 
-    matched: dict = {}
-    for prefix, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_params)[
-        0
-    ]:
+    pairs = []
+    flat = jax.tree_util.tree_flatten_with_path(skeleton, is_leaf=is_params)[0]
+    for prefix, node in flat:
         if not is_params(node):
             continue
+        start = tuple(map(_paths.key_id, prefix))
         for path, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
             ids = tuple(map(_paths.key_id, path))
-            matched[tuple(map(_paths.key_id, prefix)) + ids] = ids
-    return matched or None
+            pairs.append((start + ids, ids))
+    return tuple(pairs)
+
+
+def _masked_node() -> Optional[type]:
+    """optax's `MaskedNode`, if optax is imported (a state holding one was made
+    by it); this module does not import optax."""
+    optax = sys.modules.get("optax")
+    return getattr(optax, "MaskedNode", None) if optax is not None else None
+
+
+def _holds(node: Any, like: Any, like_structure: Any, masked: Optional[type]) -> bool:
+    """Whether `node` (a skeleton of the tree) is `like`'s structure, a
+    `MaskedNode` standing for any subtree of it."""
+    if jax.tree_util.tree_structure(node) == like_structure:
+        return True
+    if masked is None:
+        return False
+
+    def is_masked(x: Any) -> bool:
+        return isinstance(x, masked)
+
+    if not any(map(is_masked, jax.tree_util.tree_leaves(node, is_leaf=is_masked))):
+        return False
+    try:  # each MaskedNode replaced by `like`'s subtree at its place
+        filled = jax.tree_util.tree_map(
+            lambda n, sub: sub if is_masked(n) else n, node, like, is_leaf=is_masked
+        )
+    except (ValueError, TypeError, KeyError):  # `node` is not a prefix of `like`
+        return False
+    return jax.tree_util.tree_structure(filled) == like_structure
 
 
 def like_layout(
@@ -93,9 +144,11 @@ def like_layout(
     annotation there is a `Lead`, as `stacked=` or `jts.Stacked` made it).
 
     A tree with `like`'s key paths: each leaf as `like`'s leaf at the same path.
-    Otherwise (an optimiser state holding `like`'s structure): each leaf of a
-    params-shaped subtree as its parameter, unless its shape differs (adafactor's
-    factored statistics); every other leaf replicated. `lenient`: a leaf whose
+    Otherwise (an optimiser state holding `like`'s structure, `params_shaped`):
+    each leaf of a params-shaped subtree as its parameter, unless its shape
+    differs (adafactor's factored statistics); every other leaf replicated, in a
+    state with no params-shaped subtree too (`sgd(schedule)`), unless the tree
+    shares some of `like`'s paths (then it is matched by path). `lenient`: a leaf whose
     `like` leaf is unannotated and traced over Auto axes is `UNKNOWN` (left
     unchecked, as a hint that declares nothing) rather than an error."""
     like_leaves, like_plan = like
@@ -114,6 +167,11 @@ def like_layout(
         # laid out as the parameters, every other leaf replicated).
         like_tree = jax.tree_util.tree_unflatten(like_plan.treedef, like_leaves)
         state = params_shaped(tree, array_structure(like_tree))
+        if state is None and not any(i in by_path for i in ids):
+            # No moments at all (`sgd(schedule)`, `noisy_sgd`): by the same rule
+            # every leaf is replicated. A tree sharing some of `like`'s paths is
+            # matched by path, and a leaf `like` lacks is named.
+            state = {}
     out: list[Source] = []
     for i, path in enumerate(paths):
         try:

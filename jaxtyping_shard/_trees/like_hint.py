@@ -84,10 +84,10 @@ class Like:
 
     The name of another parameter of the same function. Each subtree of the
     argument with that parameter's structure (an optimiser state's moments) must
-    be laid out as that argument (its annotations, or where it has none its
-    arrays' shardings), its leaves of another shape (adafactor's factored
-    statistics) and every other leaf (counts) replicated: the rule of
-    [`jaxtyping_shard.check_tree`][]'s `like=`. Checked by
+    be laid out as that argument (its annotations, its own hint's included, or
+    where it has none its arrays' shardings), its leaves of another shape
+    (adafactor's factored statistics) and every other leaf (counts) replicated:
+    the rule of [`jaxtyping_shard.check_tree`][]'s `like=`. Checked by
     [`jaxtyping_shard.jit`][] and [`jaxtyping_shard.filter_jit`][] at the
     boundary, and used for `in_shardings` / `out_shardings="annotations"`. In a
     return annotation (whole, or an element of `tuple[...]`) it means the layout
@@ -205,6 +205,16 @@ def targets(hints: dict) -> frozenset:
     return frozenset(name for h in hints.values() for _, name in like_parts(h))
 
 
+def like_plans(signature: Any, named: Any) -> dict:
+    """`{parameter: (its leaves, its walk plan)}` for the arguments (`named`:
+    `(parameter, value)` pairs) some `Like[...]` of `signature` names, each
+    walked under its own hint: parameters declared by a hint (`tuple[...]`,
+    `dict[str, ...]`, one array) lay the state out by their annotations, as
+    those declared by a module's fields do, traced over Auto axes too."""
+    wanted = targets(signature.hints)
+    return {n: _tree.plan_for(v, signature.hint(n)) for n, v in named if n in wanted}
+
+
 def sources(
     value: Any, paths: tuple, leaves: list, hint: Any, arguments: dict, what: str
 ) -> dict[int, Source]:
@@ -250,10 +260,9 @@ def annotations(
     if not like_parts(hint):
         return plan.annotations
     leaves, _ = _tree.plan_for(value, hint)
-    wanted = targets(signature.hints)
     if values is None:
         values = [v for _, v, _ in pos]
-    likes = {n: _tree.plan_for(v) for (n, _, _), v in zip(pos, values) if n in wanted}
+    likes = like_plans(signature, [(n, v) for (n, _, _), v in zip(pos, values)])
     where = f"jaxtyping_shard.jit({signature.name})"
     found = sources(value, plan.paths, leaves, hint, likes, where)
     out = list(plan.annotations)

@@ -54,15 +54,21 @@ def mesh_of(request: Any) -> Any:
         return None
     if request.like is not None:
         return _like.like_mesh(request.like)
-    trees = [a for a in request.args if jax.tree_util.tree_structure(a).num_nodes > 1]
+    trees = [
+        a
+        for a in request.args
+        if jax.tree_util.tree_structure(a).num_nodes > 1 or _one_array_params(a)
+    ]
     return _like.like_mesh(trees)
 
 
 def like_of(request: Any, abstract: Any) -> Optional[tuple]:
     """The leaves and walk plan of the tree `request`'s result follows (`like=`),
     or `None`. Given as `like=`, or else (no `annotations` or `rules`) the first
-    positional argument that is a tree (not one leaf) holding an array, whose
-    structure the result holds (`params` of `opt.init(params)`)."""
+    positional argument holding an array whose structure the result holds
+    (`params` of `opt.init(params)`), or that is one array placed with a
+    `NamedSharding` (no key) when the result declares no layout of its own
+    (`adam(...).init(w)`: every array of a result holds one array's structure)."""
     if request.like is False:
         return None
     if request.like is not None:
@@ -71,11 +77,29 @@ def like_of(request: Any, abstract: Any) -> Optional[tuple]:
         return None
     for arg in request.args:
         leaves, treedef = jax.tree_util.tree_flatten(arg)
-        if treedef.num_nodes < 2 or not any(is_array(x) for x in leaves):
-            continue  # a key, a size: not a tree of parameters
+        if treedef.num_nodes < 2:
+            if not _one_array_params(arg) or _declares(abstract):
+                continue
+        elif not any(is_array(x) for x in leaves):
+            continue  # not a tree of parameters
         if _like.params_shaped(abstract, _like.array_structure(arg)) is not None:
             return _tree.plan_for(arg)
     return None
+
+
+def _declares(abstract: Any) -> bool:
+    """Whether the result's walk (its modules' fields) declares a layout."""
+    return any(map(has_sharding, _tree.plan_for(abstract)[1].annotations))
+
+
+def _one_array_params(x: Any) -> bool:
+    """An argument that is one array placed with a `NamedSharding`, and no key
+    (typed, or a raw `uint32[2]`)."""
+    if not isinstance(getattr(x, "sharding", None), NamedSharding):
+        return False
+    if not is_array(x) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return False
+    return not (x.dtype == jax.numpy.uint32 and tuple(x.shape)[-1:] == (2,))
 
 
 def leaf_shardings(

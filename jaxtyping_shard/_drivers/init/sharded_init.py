@@ -87,7 +87,8 @@ def plan(request: Request) -> Plan:
         mesh = _any_mesh(_init_plan.mesh_of(request), request.what)
     else:
         mesh = _concrete_mesh(_init_plan.mesh_of(request), request.what)
-    traced = Traced(request.fn, request.args, dict(request.kwargs))
+    abstract = request.what == "abstract"
+    traced = Traced(request.fn, request.args, dict(request.kwargs), abstract)
     tree = abstract_shapes(traced, mesh)
     like = _init_plan.like_of(request, tree)
     shardings = _init_plan.leaf_shardings(
@@ -309,9 +310,9 @@ def sharded_init(
     - `like`: a tree (the parameters) the result follows by the `like=` rule
         of [`jaxtyping_shard.check_tree`][] (an optimiser state's moments as
         the parameters, other leaves replicated). Omitted, with no `annotations`
-        or `rules`: the first positional argument that is a tree (not one
-        leaf) holding an array, whose structure the result holds (`params` of
-        `sharded_init(opt.init, params)`). `like=False`: never.
+        or `rules`: the first positional argument holding an array whose
+        structure the result holds (`sharded_init(opt.init, params)`), or one
+        placed array if the result declares no layout. `like=False`: never.
     - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**

@@ -31,6 +31,10 @@ def _is_dynamic(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
+def _is_abstract_or_dynamic(x: Any) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct) or _is_dynamic(x)
+
+
 def _split(tree: Any, keep: Callable[[Any], bool]) -> tuple[list, list, Any]:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     dynamic = [x if keep(x) else None for x in leaves]
@@ -46,13 +50,15 @@ def _merge(dynamic: list, static: list, treedef: Any) -> Any:
 class Traced:
     """`fn` as a function of its array inputs only, returning array leaves only."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, abstract: bool = False):
         self.fn = fn
         # JAX names the compiled module (and compile-time errors name it) after this.
         self.__name__ = f"sharded_init_{getattr(fn, '__name__', 'fn')}"
-        self.inputs, self.in_static, self.in_treedef = _split(
-            (args, kwargs), _is_dynamic
-        )
+        # For `abstract` (nothing runs), a `jax.ShapeDtypeStruct` argument is an
+        # input too, traced as its shape and dtype: `opt.init` of abstract
+        # parameters sees arrays (not the struct, nor its mesh's axis types).
+        dynamic = _is_abstract_or_dynamic if abstract else _is_dynamic
+        self.inputs, self.in_static, self.in_treedef = _split((args, kwargs), dynamic)
         self.out_static: Optional[list] = None
         self.out_treedef: Any = None
         # Compile-time checks of values that `fn` returns: (output index, cls,

@@ -116,13 +116,10 @@ def _parameters(signature: Any) -> list:
 def _likes(signature: Any, arguments: list, where: str) -> dict:
     """`{parameter: (its leaves, its walk plan)}` for the parameters some
     `jts.Like[...]` names, with `where` (for messages) under `None`."""
-    wanted = _like_hint.targets(signature.hints)
-    if not wanted:
+    if not _like_hint.targets(signature.hints):
         return {}
     out: dict = {None: where}
-    for param, value, _ in arguments:
-        if param in wanted:
-            out[param] = _tree.plan_for(value)
+    out.update(_like_hint.like_plans(signature, [(p, v) for p, v, _ in arguments]))
     return out
 
 
