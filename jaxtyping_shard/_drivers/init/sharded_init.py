@@ -3,10 +3,10 @@
 The steps, each reusing the one path from annotation to sharding:
 
 1. Trace `fn` abstractly (`jax.eval_shape`) under an all-`Auto` copy of the mesh:
-   shapes and dtypes, no data; the checks inside `fn` are then compile-time ones,
-   which `eval_shape` never runs (no false alarm on values not placed yet).
-2. One `NamedSharding` per array leaf, from the tree walk and the bridge
-   (`_init_plan`); every leaf that cannot be laid out is reported before compiling.
+   shapes and dtypes, no data; `fn`'s checks are then compile-time ones, which
+   `eval_shape` never runs (no false alarm on values not placed yet).
+2. One `NamedSharding` per array leaf (tree walk, bridge: `plan.py`); every leaf
+   that cannot be laid out is reported before compiling.
 3. Compile `fn` once with those `out_shardings`; on `Explicit` axes inside
    `jax.sharding.auto_axes`, where XLA creates each parameter in shards (a plain
    `jit` there materialises every full one first) and the module's own checks
