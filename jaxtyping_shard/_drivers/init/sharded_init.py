@@ -2,9 +2,8 @@
 
 The steps, each reusing the one path from annotation to sharding:
 
-1. Trace `fn` abstractly (`jax.eval_shape`) under an all-`Auto` copy of the mesh:
-   shapes and dtypes, no data; `fn`'s checks are then compile-time ones, which
-   `eval_shape` never runs (no false alarm on values not placed yet).
+1. Trace `fn` (`jax.eval_shape`) on an all-`Auto` copy of the mesh: no data, and
+   `fn`'s checks are compile-time ones, never run there (no false alarm).
 2. One `NamedSharding` per array leaf (tree walk, bridge: `plan.py`); every leaf
    that cannot be laid out is reported before compiling.
 3. Compile `fn` once with those `out_shardings`; on `Explicit` axes inside
