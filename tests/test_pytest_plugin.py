@@ -119,18 +119,26 @@ def test_fixtures(mesh_explicit, mesh_auto, mesh_2x2x2):
     assert dict(mesh_2x2x2.shape) == {"x": 2, "y": 2, "z": 2}
 
 
-_SEEN_4X2 = set()
+def test_mesh_4x2_parametrised(mesh_4x2, request):
+    from jax.sharding import AxisType
 
-
-def test_mesh_4x2_parametrised(mesh_4x2):
-    _SEEN_4X2.update(mesh_4x2.axis_types)
+    kind = request.node.callspec.params["mesh_4x2"]
+    want = AxisType.Explicit if kind == "explicit" else AxisType.Auto
+    assert set(mesh_4x2.axis_types) == {want}
     assert dict(mesh_4x2.shape) == {"data": 4, "model": 2}
 
 
-def test_mesh_4x2_covered_both_kinds():
-    from jax.sharding import AxisType
-
-    assert _SEEN_4X2 == {AxisType.Explicit, AxisType.Auto}
+def test_mesh_4x2_covered_both_kinds(tmp_path):
+    # In a pytest of its own (not by counting what earlier tests of this run
+    # saw: no test may depend on another's order, and the suite runs reversed).
+    body = """
+    def test_mesh(mesh_4x2):
+        print("KIND", sorted({t.name for t in mesh_4x2.axis_types}))
+    """
+    out = _run_pytest(tmp_path, body, "-s", "-q", "--jax-cpu-devices", "8")
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = sorted(re.findall(r"KIND \[(.*?)\]", out.stdout))
+    assert kinds == ["'Auto'", "'Explicit'"], out.stdout
 
 
 def test_skip_reason_in_default_output(tmp_path):
