@@ -71,6 +71,7 @@ class Compile:
         self.found: dict[int, str] = {}
         self.reported_at = 0.0
         self.thread = threading.get_ident()  # lowering and compiling share one
+        self.mesh_shape: Optional[tuple] = None  # of the shardings XLA reported
 
     def register(self, check: Any, batch_dims: tuple[int, ...]) -> int:
         self.checks.append((check, batch_dims))
@@ -87,9 +88,11 @@ class Compile:
         mismatch = check.mismatch(sharding, batch_dims)
         if mismatch is None:
             return
+        shape = getattr(getattr(sharding, "mesh", None), "shape_tuple", None)
         with _pending_lock:
             self.found.setdefault(index, mismatch)
             self.reported_at = time.time()
+            self.mesh_shape = shape
             _pending[id(self)] = self
             if len(_pending) > 256:  # compiles that never ended: drop the oldest
                 del _pending[next(iter(_pending))]
@@ -150,11 +153,24 @@ def _this_compile() -> tuple[list["Compile"], list[str], list[str]]:
         ]
     # Other threads may compile at the same time. A module is lowered in the thread
     # that compiles it (a `jit` call, `.lower(...).compile()`), unless JAX reuses a
-    # lowering cached by another thread, or the user compiles a `Lowered` elsewhere:
-    # then the module of this name, else any (better raised twice than never).
-    mine = [c for c in recent if c.thread == thread]
+    # lowering cached by another thread (a failed compile is not cached, its
+    # lowering is), or the user compiles a `Lowered` elsewhere: then the module of
+    # this name, else any (better raised twice than never). A compile whose
+    # shardings are on another mesh than this thread's context mesh is not this
+    # thread's (several threads, each under its own `jax.set_mesh`, one function).
+    context = jax.sharding.get_abstract_mesh()
+    here = None if context.empty else context.shape_tuple
+
+    def fits(c: "Compile") -> bool:
+        return here is None or c.mesh_shape is None or c.mesh_shape == here
+
+    mine = [c for c in recent if c.thread == thread and fits(c)]
     if not mine:
-        mine = [c for c in recent if c.module_name == module_name] or recent
+        mine = (
+            [c for c in recent if c.module_name == module_name and fits(c)]
+            or [c for c in recent if fits(c)]
+            or recent
+        )
     errors: list[str] = []
     warns: list[str] = []
     for c in mine:

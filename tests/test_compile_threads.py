@@ -1,0 +1,94 @@
+"""Which compile's failures a thread raises when several threads compile one
+function on different meshes at once.
+
+JAX caches a lowering (a failed compile is not cached; its lowering is), so the
+module a thread compiles may have been lowered by another thread: the thread
+that lowered it is then no guide. The compile a thread raises must be on its own
+context mesh (`jax.set_mesh`). Built from `Compile`s directly, so the order of
+events that a race produces only now and then is made here every time.
+"""
+
+import threading
+import time
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxtyping_shard._verdict import compiles
+from jaxtyping_shard.pytest_plugin import make_mesh
+
+
+class _Check:
+    """A check that always fails, naming its mesh."""
+
+    on_result = False
+    mode = "check"
+
+    def mismatch(self, sharding, batch_dims):
+        return f"wrong on {dict(sharding.mesh.shape)}"
+
+
+def _lowered_in_another_thread(name):
+    out = []
+    thread = threading.Thread(target=lambda: out.append(compiles.Compile(name)))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def _compile_with(mesh, compile_):
+    compile_.register(_Check(), ())
+    compile_.report(0, NamedSharding(mesh, P()))
+
+
+def _compile_under_way():
+    compiles._compile_started.at = time.time()
+    compiles._compile_started.name = "jit_f"
+
+
+def test_a_compile_on_another_mesh_lowered_here_is_not_this_threads():
+    mesh_a = make_mesh((4, 2), ("data", "model"), "auto")
+    mesh_b = make_mesh((2, 4), ("data", "model"), "auto")
+    _compile_under_way()
+    # This thread once lowered the 4x2 module; another thread now compiles it
+    # (reporting into it) while this thread compiles the 2x4 one, which another
+    # thread lowered.
+    theirs = compiles.Compile("jit_f")
+    mine = _lowered_in_another_thread("jit_f")
+    _compile_with(mesh_a, theirs)
+    _compile_with(mesh_b, mine)
+    try:
+        with jax.set_mesh(mesh_b):
+            chosen, errors, _ = compiles._this_compile()
+        assert chosen == [mine]
+        assert errors == ["wrong on {'data': 2, 'model': 4}"]
+        with jax.set_mesh(mesh_a):
+            chosen, errors, _ = compiles._this_compile()
+        assert chosen == [theirs]
+        # No context mesh: only the thread that lowered tells them apart.
+        chosen, errors, _ = compiles._this_compile()
+        assert chosen == [theirs]
+    finally:
+        with compiles._pending_lock:
+            compiles._pending.pop(id(theirs), None)
+            compiles._pending.pop(id(mine), None)
+        compiles._compile_started.at = None
+
+
+def test_no_compile_on_this_mesh_still_raises():
+    # The context mesh matches none of the compiles with failures: all are
+    # raised, never none.
+    mesh_a = make_mesh((4, 2), ("data", "model"), "auto")
+    mesh_c = make_mesh((8,), ("data",), "auto")
+    _compile_under_way()
+    other = _lowered_in_another_thread("jit_f")
+    _compile_with(mesh_a, other)
+    try:
+        with jax.set_mesh(mesh_c):
+            chosen, errors, _ = compiles._this_compile()
+        assert other in chosen
+        assert "wrong on {'data': 4, 'model': 2}" in errors
+    finally:
+        with compiles._pending_lock:
+            compiles._pending.pop(id(other), None)
+        compiles._compile_started.at = None
