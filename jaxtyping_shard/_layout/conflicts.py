@@ -48,7 +48,10 @@ def flax_reading(layout: LogicalLayout, ndim: int, rules: Any) -> str:
     """The `PartitionSpec` Flax NNX resolves a layout to (`nnx.get_partition_spec`
     under `nnx.logical_axis_rules` with the same table: the last rule of a name
     wins, a name no rule maps is kept as a mesh axis), for messages."""
-    table = dict(rules.pairs) if rules is not None else {}
+    if rules is None:
+        names = ("None" if n is None else repr(n) for n in layout.names(ndim))
+        return f"P({', '.join(names)})"
+    table = dict(rules.pairs)
     shown = []
     for name in layout.names(ndim):
         if name is None:
