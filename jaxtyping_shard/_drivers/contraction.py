@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
@@ -63,10 +63,17 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Any:
     """
     pending = bool(kwargs.pop("unreduced", False))
     given = kwargs.get("out_sharding")
+    if pending and given is not None:
+        raise ShardingAnnotationError(
+            f"jts.einsum({subscripts!r}): `unreduced=True` derives the result's "
+            "layout, and `out_sharding=` gives one: pass one of them (an "
+            "`out_sharding=` that is to stay unreduced says so itself, "
+            "`P(..., unreduced={...})`)."
+        )
     if (
         given is not None
         and has_sharding(given)
-        and not isinstance(given, PartitionSpec)
+        and not isinstance(given, (PartitionSpec, NamedSharding))
     ):
         kwargs["out_sharding"] = out_sharding(given)  # an annotation
     elif "out_sharding" not in kwargs:

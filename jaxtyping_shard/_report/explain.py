@@ -5,7 +5,6 @@ axes, the shard each device holds, and the bytes that costs, computed from the
 annotations alone (nothing is placed, nothing is compiled).
 """
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
@@ -27,7 +26,7 @@ from .._layout.spec import (
 from .._rules import scope as _rules
 from .._trees import like as _like, paths as _paths, walk as _tree
 from .._trees.stacked import stacked_prefixes
-from .sizes import array_bytes
+from .sizes import shard_bytes
 from .text import format_bytes
 
 
@@ -190,28 +189,6 @@ def _row(
     pending = _spec.unreduced_axes(spec)
     shard, per_device, replicated = shard_bytes(shape, dtype, entries, mesh, pending)
     return Row(path, dims, logical, spec, shape, dtype, shard, per_device, replicated)
-
-
-def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any, unreduced=()):
-    """`(shard shape, bytes per device, bytes replicated)` of an array of `shape`
-    and `dtype` laid out as `entries` (mesh axes per dim) on `mesh`; `None` where
-    the shape, dtype or mesh is unknown. A dim is padded as XLA pads it; over
-    `unreduced` axes each copy is another partial sum, not a replica."""
-    if shape is None or mesh is None:
-        return None, None, None
-    mesh_sizes = _mesh.sizes(mesh)
-    entries = tuple(entries) + ((),) * (len(shape) - len(entries))
-    shard = tuple(
-        -(-size // math.prod(mesh_sizes[a] for a in entry))
-        for size, entry in zip(shape, entries)
-    )
-    if dtype is None:
-        return shard, None, None
-    per_device = array_bytes(shard, dtype)  # sub-byte types packed, as XLA does
-    devices = math.prod(mesh_sizes.values())
-    distinct = array_bytes(shape, dtype) * math.prod(mesh_sizes[a] for a in unreduced)
-    replicated = max(per_device * devices - distinct, 0)
-    return shard, per_device, replicated
 
 
 def _entry(value: Any) -> tuple:

@@ -2,7 +2,7 @@
 and results, leaf by leaf and grouped, and what was and was not checked.
 
 The bytes of each leaf come from its shape, dtype and layout (its annotation's,
-else the one the trace gives it) through `explain`'s arithmetic (`shard_bytes`).
+else the one the trace gives it) through `explain`'s arithmetic (`sizes.shard_bytes`).
 """
 
 import dataclasses
@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec
 
 from .._core import mesh as _mesh
 from .._layout import spec as _spec
-from .explain import shard_bytes
+from .sizes import shard_bytes
 from .text import format_bytes
 
 

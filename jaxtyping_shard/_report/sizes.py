@@ -5,6 +5,7 @@ XLA packs the elements of a type narrower than a byte (`int4`, `uint4`,
 buffer up to whole bytes; `bool` and the 1-bit `int1` / `uint1` (XLA's `pred`)
 take one byte each. A 64-bit type is stored in 32 bits unless `jax_enable_x64`
 is on, as JAX lowers it. `numpy`'s `itemsize` is 1 for every sub-byte type.
+`shard_bytes`: an array's shard, bytes per device and bytes replicated on a mesh.
 """
 
 import math
@@ -13,6 +14,9 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
+
+from .._core import mesh as _mesh
+from .._core.errors import ShardingAnnotationError
 
 
 def array_bytes(shape: Any, dtype: Any) -> int:
@@ -37,3 +41,33 @@ def element_bits(dtype: Any) -> int:
             continue
         return 8 if bits == 1 else bits  # 1 bit: XLA's `pred`, a byte
     return 8
+
+
+_LACKS = (
+    "unreduced over mesh axes {}, which the mesh {} lacks: fix the axis name in "
+    "`unreduced=` (`{{U:...}}`), or pass the mesh you meant."
+)
+
+
+def shard_bytes(shape: Any, dtype: Any, entries: tuple, mesh: Any, unreduced=()):
+    """`(shard shape, bytes per device, bytes replicated)` of an array of `shape`
+    and `dtype` laid out as `entries` (mesh axes per dim) on `mesh`; `None` where
+    the shape, dtype or mesh is unknown. A dim is padded as XLA pads it; over
+    `unreduced` axes each copy is another partial sum, not a replica."""
+    if shape is None or mesh is None:
+        return None, None, None
+    mesh_sizes = _mesh.sizes(mesh)
+    if lacks := sorted(a for a in unreduced if a not in mesh_sizes):
+        raise ShardingAnnotationError(_LACKS.format(lacks, _mesh.format_mesh(mesh)))
+    entries = tuple(entries) + ((),) * (len(shape) - len(entries))
+    shard = tuple(
+        -(-size // math.prod(mesh_sizes[a] for a in entry))
+        for size, entry in zip(shape, entries)
+    )
+    if dtype is None:
+        return shard, None, None
+    per_device = array_bytes(shard, dtype)  # sub-byte types packed, as XLA does
+    devices = math.prod(mesh_sizes.values())
+    distinct = array_bytes(shape, dtype) * math.prod(mesh_sizes[a] for a in unreduced)
+    replicated = max(per_device * devices - distinct, 0)
+    return shard, per_device, replicated

@@ -182,9 +182,7 @@ def check_tree(
         found.summary = counts.summary(tree)  # type: ignore[attr-defined]
         raise found
     if counts.unannotated and not counts.checked and not may_check_nothing:
-        found = _silent.nothing_checked(f"check_tree({name})", counts)
-        found.summary = counts.summary(tree)  # type: ignore[attr-defined]
-        raise found
+        _silent.refuse_nothing_checked(f"check_tree({name})", counts, tree)
     if summary:
         return counts.summary(tree)
     return tree

@@ -24,7 +24,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._core import mesh as _mesh
 from .._core.errors import ShardingAnnotationError
-from .._layout import bridge as _bridge
+from .._layout import bridge as _bridge, spec as _spec
 from .._layout.spec import has_sharding, Lead
 from .._verdict.inputs import of_value
 from . import paths as _paths
@@ -167,10 +167,16 @@ def like_layout(
         # laid out as the parameters, every other leaf replicated).
         like_tree = jax.tree_util.tree_unflatten(like_plan.treedef, like_leaves)
         state = params_shaped(tree, array_structure(like_tree))
-        if state is None and not any(i in by_path for i in ids):
+        if (
+            state is None
+            and not any(i in by_path for i in ids)
+            and not _has_param_shape(leaves, like_leaves)
+        ):
             # No moments at all (`sgd(schedule)`, `noisy_sgd`): by the same rule
             # every leaf is replicated. A tree sharing some of `like`'s paths is
-            # matched by path, and a leaf `like` lacks is named.
+            # matched by path, and a leaf `like` lacks is named; so is every
+            # leaf of a tree holding a parameter's shape outside its structure
+            # (a restore into plain dicts: moments that lost their layout).
             state = {}
     out: list[Source] = []
     for i, path in enumerate(paths):
@@ -192,6 +198,13 @@ def like_layout(
                 raise
             out.append(UNKNOWN)
     return out
+
+
+def _has_param_shape(leaves: Any, like_leaves: Any) -> bool:
+    """Whether a leaf of `leaves` has the shape of an array of `like` (rank 1 or
+    more): a moment, not a step count or a key."""
+    shapes = {tuple(s) for s in (getattr(x, "shape", None) for x in like_leaves) if s}
+    return any(tuple(getattr(x, "shape", ()) or ()) in shapes for x in leaves)
 
 
 def _source(
@@ -246,11 +259,20 @@ def _reduced(leaf: Any, found: tuple, what: str) -> Source:
     if not dims:
         return REPLICATED
     spec = _like_spec(like_leaf, annotation, like_path, what)
-    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    written = _spec.partitions_of(spec)  # JAX 0.10 refuses `tuple(spec)` here
+    entries = written + (None,) * (len(shape) - len(written))
     candidates = {entries[:k] + entries[k + 1 :] for k in dims}
     if len(candidates) != 1:
         return REPLICATED
-    return Source(PartitionSpec(*candidates.pop()), like_leaf)
+    return Source(_with_pending(candidates.pop(), spec), like_leaf)
+
+
+def _with_pending(entries: tuple, spec: Any) -> PartitionSpec:
+    """`PartitionSpec(*entries)` with `spec`'s unreduced / reduced axes."""
+    unreduced, reduced = _spec.pending_of(spec)
+    if not unreduced and not reduced:
+        return PartitionSpec(*entries)
+    return PartitionSpec(*entries, unreduced=unreduced, reduced=reduced)
 
 
 def _same_shape(leaves: Optional[list], i: int, like_leaf: Any) -> bool:
@@ -266,8 +288,9 @@ def stacked_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> Partiti
     if not has_sharding(annotation):
         return PartitionSpec(*lead, *([None] * len(rest)))
     spec = resolved_spec(leaf, annotation, lead, where)
-    entries = tuple(spec) + (None,) * (len(rest) - len(spec))
-    return PartitionSpec(*lead, *entries)
+    written = _spec.partitions_of(spec)
+    entries = written + (None,) * (len(rest) - len(written))
+    return _with_pending((*lead, *entries), spec)
 
 
 def resolved_spec(leaf: Any, annotation: Any, lead: tuple, where: str) -> PartitionSpec:

@@ -74,6 +74,20 @@ def context_failures(
     return out
 
 
+def refuse_nothing_checked(what: str, counts: Any, tree: Any) -> None:
+    """`nothing_checked` raised in mode "check", warned about in "warn", and
+    nothing in "off" (where no check of `check_tree` raises)."""
+    mode = current_mode()
+    if mode == "off":
+        return
+    found = nothing_checked(what, counts)
+    if mode == "warn":
+        warn_at_user_line(str(found))
+        return
+    found.summary = counts.summary(tree)  # type: ignore[attr-defined]
+    raise found
+
+
 def nothing_checked(what: str, counts: Any) -> ShardingTypeCheckError:
     """The error of a tree check that found array leaves and checked none of
     them: each leaf (the first 8) and why nothing declares its layout (`like=`

@@ -162,7 +162,12 @@ def _check_tracer(cls: Any, obj: Any, schedule: bool = True) -> str:
             f"{_mesh.format_mesh(mesh)}, not on the mesh of {cls._jts.text} "
             f"({_mesh.format_mesh(target_mesh)}) as expected{_when(obj)}"
         )
-    if target_types_clash(mesh, target_mesh):
+    # Traced: inside `shard_map` (Manual axes) and `auto_axes` (all Auto) the
+    # trace's types are not the arguments'; concrete arrays are compared eagerly.
+    traced_types = not _mesh.names_of_type(mesh, AxisType.Manual) and any(
+        t != AxisType.Auto for t in mesh.axis_types
+    )
+    if traced_types and target_types_clash(mesh, target_mesh):
         noun = f"{_noun(obj)} `{aval.str_short()}`"
         whose = f"the mesh of {cls._jts.text}"
         return types_message(noun, mesh, target_mesh, whose, laid_out=False)
