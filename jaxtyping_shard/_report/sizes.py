@@ -3,7 +3,8 @@
 XLA packs the elements of a type narrower than a byte (`int4`, `uint4`,
 `float4_e2m1fn`: 2 per byte; `int2`, `uint2`: 4 per byte) and rounds the
 buffer up to whole bytes; `bool` and the 1-bit `int1` / `uint1` (XLA's `pred`)
-take one byte each. A 64-bit type is stored in 32 bits unless `jax_enable_x64`
+take one byte each, as do the 6-bit floats (`float6_e2m3fn`, `float6_e3m2fn`,
+which XLA's CPU backend compiles from jaxlib 0.12). A 64-bit type is stored in 32 bits unless `jax_enable_x64`
 is on, as JAX lowers it. `numpy`'s `itemsize` is 1 for every sub-byte type.
 `shard_bytes`: an array's shard, bytes per device and bytes replicated on a mesh.
 """
@@ -39,7 +40,9 @@ def element_bits(dtype: Any) -> int:
             bits = int(info(dtype).bits)
         except (TypeError, ValueError):
             continue
-        return 8 if bits == 1 else bits  # 1 bit: XLA's `pred`, a byte
+        # XLA packs the widths that divide a byte evenly (2, 4 bits); a 1-bit
+        # type is its `pred`, a byte, and a 6-bit float takes a byte too.
+        return bits if bits in (2, 4) else 8
     return 8
 
 
