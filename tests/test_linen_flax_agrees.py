@@ -128,7 +128,7 @@ def test_shardings_agree_with_linen(kind):
         flax_tree = nn.logical_to_mesh_sharding(
             nn.get_partition_spec(boxed), mesh, rules
         )
-        for box, got_flax, (spec, shape_) in zip(
+        for box, got_flax, (spec, _) in zip(
             boxes, jax.tree.leaves(flax_tree), expected
         ):
             if isinstance(box, nn.LogicallyPartitioned):
