@@ -269,3 +269,12 @@ def test_preflight_counts_boxed_params(kind):
     assert embedding.bytes_per_device == 32 * 8 * 4 // 8
     outputs = [leaf for leaf in report.leaves if leaf.group == "outputs"]
     assert len(outputs) == 5 and all(leaf.annotated for leaf in outputs)
+
+
+def test_a_raw_logical_spec_tree_says_how_to_mark_it():
+    mesh = MESHES["explicit"]()
+    specs = nn.get_partition_spec(boxed_shapes())
+    with jts.axis_rules(RULES), pytest.raises(jts.ShardingAnnotationError) as info:
+        jts.shardings(nn.unbox(boxed_shapes()), mesh, annotations=specs)
+    assert "names mesh axis 'vocab'" in str(info.value)
+    assert "jts.logical_specs(specs)" in str(info.value)
