@@ -276,5 +276,5 @@ def test_a_raw_logical_spec_tree_says_how_to_mark_it():
     specs = nn.get_partition_spec(boxed_shapes())
     with jts.axis_rules(RULES), pytest.raises(jts.ShardingAnnotationError) as info:
         jts.shardings(nn.unbox(boxed_shapes()), mesh, annotations=specs)
-    assert "names mesh axis 'vocab'" in str(info.value)
+    assert "P('embed', 'mlp') names mesh axis 'embed'" in str(info.value)
     assert "jts.logical_specs(specs)" in str(info.value)
