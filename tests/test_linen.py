@@ -278,3 +278,20 @@ def test_a_raw_logical_spec_tree_says_how_to_mark_it():
         jts.shardings(nn.unbox(boxed_shapes()), mesh, annotations=specs)
     assert "P('embed', 'mlp') names mesh axis 'embed'" in str(info.value)
     assert "jts.logical_specs(specs)" in str(info.value)
+
+
+def test_boxed_annotations_leave_unboxed_leaves_undeclared(mesh):
+    # adam's `count` is no box: in the boxed tree given as annotations it
+    # declares nothing (counted so), while every moment is checked.
+    tx = optax.adam(1e-3)
+    plain = nn.unbox(placed(mesh))
+    with jax.set_mesh(mesh):
+        state = tx.init(plain)
+    with jts.axis_rules(RULES):
+        annotations = jax.eval_shape(tx.init, boxed_shapes())
+        summary = jts.check_tree(state, annotations, summary=True)
+        assert summary.checked == 10 and summary.unannotated == ("tree[0].count",)
+        path = "[0].nu['params']['Embed_0']['embedding']"
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            jts.check_tree(_misplace(state, path, mesh), annotations)
+    assert f"tree{path}:" in str(info.value)

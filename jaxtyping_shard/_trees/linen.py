@@ -185,11 +185,19 @@ def logical_specs(tree: Any) -> Any:
 
         ```python
         import flax.linen as nn
+        import jax
+        import jax.numpy as jnp
         import jaxtyping_shard as jts
 
-        specs = nn.get_partition_spec(jax.eval_shape(model.init, key, x))
-        with jts.axis_rules(LOGICAL_AXIS_RULES):
-            jts.check_tree(params, jts.logical_specs(specs))
+        kernel = nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(), ("embed", "mlp"))
+        model = nn.Dense(16, kernel_init=kernel, use_bias=False)
+        boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((2, 8)))
+        specs = nn.get_partition_spec(boxed)  # P('embed', 'mlp'): logical
+        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        with jts.axis_rules([("embed", "data"), ("mlp", "model")]):
+            out = jts.shardings(nn.unbox(boxed), mesh,
+                                annotations=jts.logical_specs(specs))
         ```
 
     **Raises:** `ShardingAnnotationError` for an entry that is not a logical
@@ -217,6 +225,12 @@ def logical_specs(tree: Any) -> Any:
     return jax.tree_util.tree_map_with_path(
         one, tree, is_leaf=lambda x: isinstance(x, PartitionSpec)
     )
+
+
+def is_array_like(x: Any) -> bool:
+    """An array or `ShapeDtypeStruct` (not a class): in a boxed tree given as
+    annotations, a leaf the program did not box, which declares nothing."""
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
 
 
 def box_key(node: Any) -> Any:

@@ -191,7 +191,11 @@ def _visit(
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
-            if not _hints.is_annotation_leaf(hint.node):
+            if _linen.is_array_like(hint.node):
+                # A boxed tree given as annotations: its unboxed leaves (arrays,
+                # ShapeDtypeStructs) declare nothing, as `None` does.
+                hint = _Prefix(None)
+            elif not _hints.is_annotation_leaf(hint.node):
                 raise ShardingAnnotationError(
                     f"The annotation tree is not a prefix of the value's tree: at "
                     f"`{jax.tree_util.keystr(path)}` the value is a leaf but the "
