@@ -208,7 +208,7 @@ def test_no_rules_says_what_linen_would_give():
     assert "no axis rules are in force" in text
     assert "Linen would give P(None, None) here" in text
     with pytest.raises(jts.ShardingAnnotationError) as info:  # the leaf first
-        jts.check_tree(boxed_shapes(), name="params")
+        jts.check_tree(Lm().init(jax.random.key(0), TOKENS), name="params")
     assert str(info.value).startswith("params['params']['")
     assert "no axis rules are in force" in str(info.value)
     # Linen's own context is named, with the fix that passes the same table.
