@@ -299,3 +299,30 @@ def test_boxed_annotations_leave_unboxed_leaves_undeclared(mesh):
         with pytest.raises(jts.ShardingTypeCheckError) as info:
             jts.check_tree(_misplace(state, path, mesh), annotations)
     assert f"tree{path}:" in str(info.value)
+
+
+def test_scanned_layers_name_their_stacked_dim(mesh):
+    # nn.scan adds the stacked dim to each box's names (`metadata_params`).
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            k = LOGICAL(INIT, ("embed", "mlp"))
+            return nn.Dense(8, kernel_init=k, use_bias=False)(x), None
+
+    stack = nn.scan(
+        Layer,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        length=4,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    x = jnp.ones((8, 8))
+    boxed = jax.eval_shape(stack().init, jax.random.key(0), x, None)
+    kernel = boxed["params"]["Dense_0"]["kernel"]
+    assert kernel.names == ("layers", "embed", "mlp")
+    rules = [("layers", None), ("embed", "data"), ("mlp", "model")]
+    with jts.axis_rules(rules):
+        got = jts.shardings(boxed, mesh)
+        assert got["params"]["Dense_0"]["kernel"].value.spec == P(None, "data", "model")
+        scalar = nn.LogicallyPartitioned(jnp.float32(1.0), ())
+        assert jts.shardings({"s": scalar}, mesh)["s"].value.spec == P()

@@ -156,7 +156,7 @@ def _annotation(kind: str, names: tuple, rules: Any) -> Any:
                 f"the name {name!r} in names={names!r} is not one of its {what} "
                 "(a string, or None for a dim never sharded)"
             )
-    if kind == "mesh":
+    if kind == "mesh" or not names:  # a scalar's `()` too: replicated
         return PartitionSpec(*names)
     marker = LinenNames(
         *names, source=f"{LINEN_SOURCE} box nn.LogicallyPartitioned(names={names!r})"
