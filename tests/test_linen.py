@@ -1,6 +1,8 @@
 """Flax Linen: `nn.LogicallyPartitioned` / `nn.Partitioned` boxes are annotations
 (issue 34, item 1), on boxed trees and on unboxed states given their boxed tree."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -326,3 +328,21 @@ def test_scanned_layers_name_their_stacked_dim(mesh):
         assert got["params"]["Dense_0"]["kernel"].value.spec == P(None, "data", "model")
         scalar = nn.LogicallyPartitioned(jnp.float32(1.0), ())
         assert jts.shardings({"s": scalar}, mesh)["s"].value.spec == P()
+
+
+@pytest.mark.parametrize("hint", ["dict", "tree", "any"])
+def test_a_hinted_parameter_passed_boxed_params(mesh, hint):
+    hints = {"dict": dict[str, Any], "tree": jts.Tree[dict], "any": Any}
+
+    def step(params, scale):
+        return jax.tree.map(lambda p: p * scale, params)
+
+    step.__annotations__ = {"params": hints[hint]}
+    jitted = jts.jit(step)
+    params = placed(mesh)
+    path = "['params']['Embed_0']['embedding'].value"
+    with jax.set_mesh(mesh), jts.axis_rules(RULES):
+        jitted(params, 2.0)
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            jitted(_misplace(params, path, mesh), 2.0)
+    assert f"params{path}" in str(info.value)

@@ -56,6 +56,7 @@ def leaf_failures(
     hidden = getattr(_shape_storage, "memo_stack", None)
     if hidden:
         _shape_storage.memo_stack = []
+    path: tuple = ()
     try:
         for i, (leaf, checker, path) in enumerate(zip(leaves, checkers, paths)):
             if checker is None:
