@@ -135,3 +135,22 @@ def test_caller_annotations_and_rules_win_over_boxes(mesh):
         assert got["params"]["Dense_0"]["kernel"].value.spec == P("data", "model")
         with pytest.raises(jts.ShardingTypeCheckError, match=r"Dense_0"):
             jts.check_tree(params, rules={"**/Dense_0/kernel/value": P()})
+
+
+def test_like_a_boxed_tree_for_unboxed_states(mesh):
+    optax = pytest.importorskip("optax")
+    params = _params(mesh)
+    plain = nn.unbox(params)
+    with jax.set_mesh(mesh):
+        state = optax.adam(1e-3).init(plain)
+    with jts.axis_rules(RULES):
+        summary = jts.check_tree(state, like=params, summary=True)
+        assert summary.checked == summary.leaves == 5  # the count: replicated
+        specs = jts.shardings(plain, mesh, like=params)
+        assert specs["params"]["Dense_0"]["kernel"].spec == P("data", "model")
+        with pytest.raises(jts.ShardingTypeCheckError) as info:
+            jts.check_tree(_replicate(state, mesh), like=params, name="opt_state")
+    text = str(info.value)
+    assert "opt_state[0].mu['params']['Dense_1']['kernel']:" in text
+    assert "opt_state[0].nu['params']['Dense_1']['kernel']:" in text
+    assert "Dense_0" not in text

@@ -300,6 +300,23 @@ def plan_for(
     return leaves, plan
 
 
+def like_plan_for(like: Any, tree: Any, stacked: Any = None) -> tuple:
+    """`plan_for(like)` for `like=`: a boxed Linen `like` for an unboxed `tree`
+    is read unboxed, each box the annotation of its value (`tree`'s key paths
+    have no `.value`), so `check_tree(opt_state, like=boxed_params)` works."""
+    if _has_box(like) and not _has_box(tree):
+        plain = jax.tree_util.tree_map(
+            lambda x: x.value if _linen.is_box(x) else x, like, is_leaf=_linen.is_box
+        )
+        return plan_for(plain, like, None, stacked)
+    return plan_for(like, None, None, stacked)
+
+
+def _has_box(tree: Any) -> bool:
+    nodes = jax.tree_util.tree_leaves(tree, is_leaf=_linen.is_box)
+    return any(map(_linen.is_box, nodes))
+
+
 def walk(
     tree: Any, annotations: Any = None, rules: Any = None, stacked: Any = None
 ) -> list:
