@@ -56,6 +56,7 @@ from ._rules.table import AxisRules as AxisRules, fsdp as fsdp
 from ._trees.check_tree import check_tree as check_tree
 from ._trees.leaves import TreeSummary as TreeSummary
 from ._trees.like_hint import Like as Like, Unreduced as Unreduced
+from ._trees.linen import logical_specs as logical_specs
 
 
 if _typing.TYPE_CHECKING:
@@ -161,7 +162,8 @@ __all__ = [
     "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",
     "format_spec", "fsdp",
     "get_axis_rules",
-    "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
+    "get_mode", "jaxtyped", "jit", "local_rows", "logical_specs", "out_sharding",
+    "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
 ]  # fmt: skip

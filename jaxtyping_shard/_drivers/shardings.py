@@ -116,7 +116,7 @@ def _like_shardings(tree: Any, mesh: Any, like: Any, stacked: Any) -> Any:
     leaves, plan = _tree.plan_for(tree)
     what = "shardings(like=...)"
     # `stacked=` applies to `like`'s leaves, as for `check_tree(like=...)`.
-    like_plan = _tree.plan_for(like, None, None, stacked)
+    like_plan = _tree.like_plan_for(like, tree, stacked)
     specs = _like.like_specs(tree, leaves, plan, like_plan, what)
     if mesh is None:
         mesh = _like.like_mesh(like) or _bridge.resolve_mesh(None, "shardings")

@@ -19,6 +19,13 @@ from .given import describe, fixed_rank, layout_of, stack_hint
 from .spec import Lead, LogicalLayout
 
 
+# For a `PartitionSpec` naming an axis the mesh lacks: Flax's logical spec tree.
+LOGICAL_SPECS_HINT = (
+    " If its names are logical (Flax Linen's `nn.get_partition_spec`), mark the "
+    "tree as such: `jts.logical_specs(specs)`."
+)
+
+
 def spec_for(
     annotation: Any,
     shape: Union[tuple, int, None],
@@ -239,6 +246,8 @@ def named_sharding(
                     "the mesh "
                     f"{_mesh.format_mesh(mesh)} has axes {axes}. Fix the axis name "
                     "in the annotation, or pass the mesh you meant."
+                    + LOGICAL_SPECS_HINT
+                    * isinstance(annotation, PartitionSpec)
                 )
     explicit = _mesh.names_of_type(mesh, AxisType.Explicit)
     if pending - set(explicit):

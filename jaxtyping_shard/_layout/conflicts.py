@@ -4,6 +4,7 @@ same names (for the message). The texts `resolve` raises with. `rules` is an
 `AxisRules` (imported by `resolve`, not here: one module less in the chain).
 """
 
+import sys
 from typing import Any
 
 from jax.sharding import PartitionSpec
@@ -74,6 +75,63 @@ def flax_note(layout: Any, names: Any, rules: Any) -> str:
     )
 
 
+# Where a logical layout's text starts when a Flax Linen box (or Linen's logical
+# spec tree, `jts.logical_specs`) wrote its names (`_trees/linen.py`): then
+# `linen_note` says what Linen would give where this library refuses.
+LINEN_SOURCE = "Linen"
+
+
+def linen_reading(names: Any, rules: Any) -> str:
+    """The `PartitionSpec` Flax Linen gives these names under the same table
+    (`nn.logical_to_mesh_axes`: the pairs in order of priority, each to its
+    name's dim if still unassigned and its mesh axes still free; a dim left
+    unassigned is replicated), for messages."""
+    result: list = [None] * len(names)
+    done = [n is None for n in names]
+    for name, candidate in () if rules is None else rules.pairs:
+        if name in names:
+            i = list(names).index(name)
+            taken = {a for e in result if e for a in e}
+            if not done[i] and not taken & set(candidate):
+                result[i], done[i] = candidate, True
+    shown = (
+        "None" if not e else repr(e[0]) if len(e) == 1 else repr(e) for e in result
+    )
+    return f"P({', '.join(shown)})"
+
+
+def _linen_context() -> Any:
+    """Linen's `nn.logical_axis_rules` in force here, if Flax is loaded."""
+    spmd = sys.modules.get("flax.core.spmd")
+    try:
+        return tuple(spmd.get_logical_axis_rules()) if spmd else ()
+    except Exception:  # pragma: no cover - another Flax
+        return ()
+
+
+def linen_note(layout: Any, names: Any, rules: Any) -> str:
+    """For names a Linen box wrote: what Linen would give where this library
+    refuses (a name no rule maps, a rule whose mesh axes are taken, no rules)."""
+    if not isinstance(layout, LogicalLayout):
+        return ""
+    if not layout.text.startswith(LINEN_SOURCE):
+        return ""
+    note = (
+        f" Linen would give {linen_reading(names, rules)} here: "
+        "`nn.logical_to_mesh_axes` replicates in silence a dim whose name no rule "
+        "maps, or whose rule's mesh axes another dim took; jaxtyping_shard is "
+        "stricter (a rule to None replicates on purpose)."
+    )
+    context = _linen_context() if rules is None else ()
+    if context:
+        note += (
+            f" Linen's `nn.logical_axis_rules` context holds {context!r}, which "
+            "is not read implicitly (JAX's caches do not key on it): pass the same "
+            "table, `jts.axis_rules(nn.get_logical_axis_rules())` or "
+            "`axis_rules=`."
+        )
+    return note
+
 
 STACKED = -1  # in `tried`: the candidate's axis is held by a stacked dim
 
@@ -121,7 +179,8 @@ def conflict_message(i, names, tried, rules, layout, where) -> str:
             repr(other) if j == i else repr(n) for j, n in enumerate(names)
         )
     return (
-        f"{head}{flax_note(layout, names, rules)} Fixes: replicate the later dim "
+        f"{head}{flax_note(layout, names, rules)}{linen_note(layout, names, rules)}"
+        " Fixes: replicate the later dim "
         "with `jts.axis_rules(rules, "
         f"conflicts='first')` (FSDP on a square weight); shard the dims by "
         f"different rules without renaming the size names, "

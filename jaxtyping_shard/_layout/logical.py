@@ -159,6 +159,28 @@ def _mesh_or_logical(names: tuple, source: str) -> MeshOrLogical:
     return MeshOrLogical(*names, source=source)
 
 
+class LinenNames(Logical):
+    """Logical names that a Flax Linen `LogicallyPartitioned` box (or Linen's
+    logical spec tree, `jts.logical_specs`) wrote (`_trees/linen.py` makes
+    these; not public). `source` says where, for messages."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, *names: Optional[str], source: str = "Linen"):
+        super().__init__(*names)
+        object.__setattr__(self, "source", source)
+
+    def __repr__(self) -> str:
+        return self.source
+
+    def __reduce__(self) -> Any:  # pragma: no cover - made per box, not pickled
+        return (_linen_names, (self.names, self.source))
+
+
+def _linen_names(names: tuple, source: str) -> LinenNames:
+    return LinenNames(*names, source=source)
+
+
 # How a `MeshOrLogical` becomes an annotation class (`Shaped[Array, dims,
 # marker]`): set by `_annotation/dtypes.py` when it is imported (the package's
 # `__init__` imports it first). The tree walk (`_trees/nnx.py`) makes NNX
@@ -172,7 +194,7 @@ def register_annotation_maker(make: Any) -> None:
     _annotation_maker[:] = [make]
 
 
-def annotation_for(dims: str, marker: MeshOrLogical) -> Any:
+def annotation_for(dims: str, marker: Logical) -> Any:
     """The annotation class for `dims` and `marker` (`register_annotation_maker`)."""
     return _annotation_maker[0](dims, marker)
 

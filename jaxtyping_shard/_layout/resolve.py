@@ -250,6 +250,7 @@ def _validate(layout, names, axes, rules, where) -> Optional[dict]:
             f"are in force. Set them around the call, `with jts.axis_rules"
             f"({{{example}}}):`, or for the process, `jts.set_axis_rules(...)`; a "
             "rule maps a logical name to mesh axes, or to None to replicate."
+            + _conflicts.linen_note(layout, names, None)
         )
     unknown = [n for n in dict.fromkeys(named) if rules.candidates(n) is None]
     if unknown:
@@ -261,6 +262,7 @@ def _validate(layout, names, axes, rules, where) -> Optional[dict]:
             f"purpose (e.g. {{{', '.join(f'{n!r}: None' for n in unknown)}}})."
             + (" The mesh has no such axis either." if layout.direct else "")
             + _conflicts.flax_note(layout, names, rules)
+            + _conflicts.linen_note(layout, names, rules)
         )
     sizes = None if axes is None else dict(zip(*axes))
     if sizes is not None:

@@ -221,7 +221,7 @@ def _like_checkers(
 ) -> tuple:
     # `stacked=` applies to `like`'s leaves, whose annotations describe one layer.
     return like_checkers(
-        like_layout(paths, _tree.plan_for(like, stacked=stacked), tree, leaves)
+        like_layout(paths, _tree.like_plan_for(like, tree, stacked), tree, leaves)
     )
 
 

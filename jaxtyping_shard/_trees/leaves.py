@@ -56,6 +56,7 @@ def leaf_failures(
     hidden = getattr(_shape_storage, "memo_stack", None)
     if hidden:
         _shape_storage.memo_stack = []
+    path: tuple = ()
     try:
         for i, (leaf, checker, path) in enumerate(zip(leaves, checkers, paths)):
             if checker is None:
@@ -98,6 +99,13 @@ def leaf_failures(
                 hint = _stack_hint(leaf, checker)
                 reason = f"{reason.rstrip('.')}.{hint}" if hint else reason
                 failures.append((_paths.path_name(name, path), reason))
+    except ShardingAnnotationError as error:
+        # An annotation that cannot resolve here (no rules, a name with no
+        # rule): the leaf first, as the annotation alone does not say which.
+        where = _paths.path_name(name, path)
+        if type(error) is not ShardingAnnotationError or str(error).startswith(where):
+            raise
+        raise ShardingAnnotationError(f"{where}: {error}") from None
     finally:
         if hidden:
             _shape_storage.memo_stack = hidden

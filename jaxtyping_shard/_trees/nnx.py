@@ -39,16 +39,27 @@ def is_variable(node: Any) -> bool:
     return _is_variable_type(type(node))
 
 
-def metadata_annotation(node: Any) -> Any:
+def metadata_annotation(node: Any, where: str = "a Variable") -> Any:
     """The annotation a Variable's `out_sharding` metadata makes, or `None` (no
-    metadata, or `None` there)."""
+    metadata, or `None` there). Metadata it cannot read is refused, naming
+    `where` (its key path): never passed over as if it declared nothing."""
     try:
         sharding = node.get_metadata().get("out_sharding")
-    except Exception:  # a Variable-like object without NNX's metadata
-        return None
+    except Exception as e:  # a Variable-like object without NNX's metadata
+        raise ShardingAnnotationError(
+            f"`{where}`: the NNX Variable's metadata cannot be read "
+            f"({type(e).__name__}: {e}), so its out_sharding is not known; nothing "
+            "is checked from it. Give the leaf's layout (`annotations=`, `rules=`)."
+        ) from None
     if sharding is None:
         return None
-    return _annotation(_hashable(sharding))
+    try:
+        return _annotation(_hashable(sharding))
+    except ShardingAnnotationError as e:
+        raise ShardingAnnotationError(
+            f"`{where}`: {e} Nothing is checked from it; fix the metadata or give "
+            "the leaf's layout (`annotations=`, `rules=`)."
+        ) from None
 
 
 def _hashable(sharding: Any) -> Any:
@@ -74,6 +85,13 @@ def _annotation(key: tuple) -> Any:
         )
     names = tuple(sharding)
     source = f"NNX metadata out_sharding={names!r}"
+    for name in names:
+        axes = name if isinstance(name, tuple) else () if name is None else (name,)
+        if not all(isinstance(a, str) for a in axes):
+            raise ShardingAnnotationError(
+                f"NNX metadata out_sharding={names!r}: {name!r} is not an axis name "
+                "(a string, a tuple of mesh axes, or None for a dim never sharded)."
+            )
     if all(n is None or (isinstance(n, str) and n.isidentifier()) for n in names):
         if not names:
             return PartitionSpec()
@@ -88,7 +106,7 @@ def with_metadata(node: Any, where: str, hint: Any, field: Any) -> Any:
     """A Variable's hint: its metadata's annotation where the hint from above
     declares nothing (`field`: what it says of one array, `None` for nothing);
     the hint, when they agree; an error naming `where` when not."""
-    meta = metadata_annotation(node)
+    meta = metadata_annotation(node, where)
     if meta is None:
         return hint
     if field is None:

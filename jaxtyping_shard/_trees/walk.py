@@ -63,7 +63,14 @@ from .._core.errors import ShardingAnnotationError
 from .._layout.spec import format_spec
 from .._layout.validate import validate_spec
 from .._rules.scope import current as _current_rules
-from . import hints as _hints, nnx as _nnx, paths as _paths, reading as _reading
+from . import (
+    hints as _hints,
+    linen as _linen,
+    nnx as _nnx,
+    paths as _paths,
+    reading as _reading,
+)
+from .opaque import opaque
 from .stacked import key as stacked_key, mark_of, with_leads
 
 
@@ -165,17 +172,30 @@ def _visit(
     lead += more
     if isinstance(hint, _reading.Unread):
         hint, note = None, str(hint)  # declares nothing; says why below it
-    if _nnx.is_variable(node) and not (
+    if isinstance(hint, _Prefix) and _linen.is_box(hint.node):
+        # A Linen box in the annotation tree: the annotation of the leaf here.
+        where = _paths.path_name("annotations", path)
+        hint = _Prefix(_linen.annotation(hint.node, where))
+    boxed = _linen.is_box(node)
+    if (boxed or _nnx.is_variable(node)) and not (
         isinstance(hint, _Prefix) and hint.node is not None
     ):
-        # An annotation tree or path rule the caller gives wins over NNX metadata.
+        # An annotation tree or path rule the caller gives wins over metadata.
         hint = None if isinstance(hint, _Prefix) else hint
-        where = _paths.path_name("model", path)
-        hint = _nnx.with_metadata(node, where, hint, _hints.leaf_annotation(hint))
+        where = _paths.path_name("tree" if boxed else "model", path)
+        field = _hints.leaf_annotation(hint)
+        if boxed:
+            hint = _linen.with_metadata(node, where, hint, field, _nnx.agree)
+        else:
+            hint = _nnx.with_metadata(node, where, hint, field)
     kids = _children(node)
     if kids is None:
         if isinstance(hint, _Prefix):
-            if not _hints.is_annotation_leaf(hint.node):
+            if _linen.is_array_like(hint.node):
+                # A boxed tree given as annotations: its unboxed leaves (arrays,
+                # ShapeDtypeStructs) declare nothing, as `None` does.
+                hint = _Prefix(None)
+            elif not _hints.is_annotation_leaf(hint.node):
                 raise ShardingAnnotationError(
                     f"The annotation tree is not a prefix of the value's tree: at "
                     f"`{jax.tree_util.keystr(path)}` the value is a leaf but the "
@@ -210,9 +230,10 @@ def _annotations_key(annotations: Any) -> Any:
     if annotations is None or _hints.is_annotation_leaf(annotations):
         return ("leaf", annotations)
     leaves, treedef = jax.tree_util.tree_flatten(
-        annotations, is_leaf=_hints.is_annotation_leaf
+        annotations, is_leaf=lambda x: _hints.is_annotation_leaf(x) or _linen.is_box(x)
     )
-    return ("tree", treedef, tuple(leaves))
+    keys = (_linen.box_key(x) if _linen.is_box(x) else x for x in leaves)
+    return ("tree", treedef, tuple(keys))
 
 
 def _rules_key(rules: Any) -> Any:
@@ -279,6 +300,23 @@ def plan_for(
     return leaves, plan
 
 
+def like_plan_for(like: Any, tree: Any, stacked: Any = None) -> tuple:
+    """`plan_for(like)` for `like=`: a boxed Linen `like` for an unboxed `tree`
+    is read unboxed, each box the annotation of its value (`tree`'s key paths
+    have no `.value`), so `check_tree(opt_state, like=boxed_params)` works."""
+    if _has_box(like) and not _has_box(tree):
+        plain = jax.tree_util.tree_map(
+            lambda x: x.value if _linen.is_box(x) else x, like, is_leaf=_linen.is_box
+        )
+        return plan_for(plain, like, None, stacked)
+    return plan_for(like, None, None, stacked)
+
+
+def _has_box(tree: Any) -> bool:
+    nodes = jax.tree_util.tree_leaves(tree, is_leaf=_linen.is_box)
+    return any(map(_linen.is_box, nodes))
+
+
 def walk(
     tree: Any, annotations: Any = None, rules: Any = None, stacked: Any = None
 ) -> list:
@@ -308,60 +346,6 @@ def refuse_problems(leaves: list, plan: Plan, what: str, name: str = "tree") -> 
             f"do{'' if len(found) > 1 else 'es'} not fit its type hints, so no layout "
             "is read there:\n" + "\n".join(lines)
         )
-
-
-def opaque(leaves: list, paths: tuple) -> list:
-    """`[(key path, reason), ...]` for leaves that are dataclasses JAX does not
-    flatten (not registered as pytrees) holding arrays: one leaf to every function
-    that walks trees, whose arrays none can see. Per call: the plan's key (the
-    tree's structure) cannot tell such a leaf from an array."""
-    out: list = []
-    if not any(map(_is_dataclass_type, set(map(type, leaves)))):
-        return out  # the common case, a few types: no per-leaf work in Python
-    for leaf, path in zip(leaves, paths):
-        if _is_dataclass_type(type(leaf)):
-            held = _arrays_in(leaf, 0)
-            if held:
-                out.append((path, _opaque_reason(leaf, held)))
-    return out
-
-
-def _is_dataclass_type(cls: type) -> bool:
-    return dataclasses.is_dataclass(cls) and not issubclass(cls, type)
-
-
-def _arrays_in(obj: Any, depth: int) -> list:
-    """The names of the fields of an unregistered dataclass that hold arrays."""
-    names = []
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name, None)
-        inner = jax.tree_util.tree_leaves(value)
-        if any(_is_array(x) for x in inner) or (
-            depth < 4
-            and any(
-                dataclasses.is_dataclass(x)
-                and not isinstance(x, type)
-                and _arrays_in(x, depth + 1)
-                for x in inner
-            )
-        ):
-            names.append(field.name)
-    return names
-
-
-def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
-
-
-def _opaque_reason(leaf: Any, fields: list) -> str:
-    cls = type(leaf)
-    return (
-        f"a `{cls.__module__}.{cls.__qualname__}`, a dataclass that is not registered "
-        "as a pytree, so JAX (and this check) sees it as one leaf and never its "
-        f"array fields ({', '.join(fields)}). Register it: "
-        "`@jax.tree_util.register_dataclass` above `@dataclasses.dataclass` (or "
-        "make it an `equinox.Module`)"
-    )
 
 
 def apply_rules(items: list, rules: Any) -> list:

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..._core import mesh as _mesh
 from ..._core.errors import ShardingAnnotationError
 from ..._layout import bridge as _bridge, given as _given, spec as _spec
+from ..._layout.bridge import LOGICAL_SPECS_HINT
 from ..._layout.spec import has_sharding, Lead
 from ..._trees import like as _like, paths as _paths, walk as _tree
 from ..._trees.stacked import StackedSpec
@@ -164,6 +165,8 @@ def leaf_shardings(
                 f"  {name}: {_given.describe(annotation)} names mesh axis "
                 f"{missing[0]!r}, which the mesh {_mesh.format_mesh(mesh)} lacks "
                 f"(axes {axes}). Fix the axis name, or pass the mesh you meant."
+                + LOGICAL_SPECS_HINT
+                * isinstance(annotation, PartitionSpec)
             )
             out.append(None)
             continue
