@@ -39,6 +39,7 @@ from . import boundary as _boundary
 
 _WHAT = "jaxtyping_shard.nnx_jit"
 AFTER = "after the step's in-place updates"
+AFTER_LABEL = "after its in-place updates"
 
 
 @_per_wrap  # axis_rules=: every call of the result runs under that table
@@ -141,13 +142,16 @@ def checked_step(fun: Callable, stacked: Any = None) -> Callable:
             info.append(read(fun))
         signature = info[0]
         where = f"{_WHAT}({signature.name}), {AFTER}"
+        # What a failure found at compile time (Auto axes), or collected by
+        # `preflight`, names: "argument `model.w.value` of `step, after ...`".
+        label = f"{signature.name}, {AFTER_LABEL}"
         failures: list = []
         structure: list = []
         counts = _leaves.Counts()
         for param, value, hint in signature.arguments(args, kwargs):
             if holds_variables(value):
                 _boundary._failures(
-                    value, hint, param, signature.name, lenient_stacked, counts,
+                    value, hint, param, label, lenient_stacked, counts,
                     failures, structure,
                 )  # fmt: skip
         if failures or structure:
