@@ -228,3 +228,46 @@ def test_donation_passes_through(mesh):
 def test_annotations_shardings_are_refused():
     with pytest.raises(ValueError, match="annotations"):
         jts.nnx_jit(in_shardings="annotations")(lambda model: model)
+
+
+def test_graph_nodes_that_declare_nothing_are_not_a_pass(mesh):
+    def step(model, x):
+        return model(x).sum()
+
+    with nnx.use_eager_sharding(False):
+        plain = nnx.Linear(8, 8, rngs=nnx.Rngs(0))  # no partitioning metadata
+    x = jnp.ones((4, 8))
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        jts.nnx_jit(step)(plain, x)
+    text = str(info.value)
+    assert "step), its graph nodes: none of its 2 array leaves" in text
+    assert "model.kernel.value" in text and "model.bias.value" in text
+    assert float(jts.nnx_jit(step, may_check_nothing=True)(plain, x)) != 0
+
+
+class Tower(nnx.Module):
+    def __init__(self, rngs):
+        self.mlp = MLP(rngs)
+
+    def __call__(self, x):
+        return self.mlp(x)
+
+    @jts.nnx_jit
+    def train(self, optimizer, batch):  # a method, as nnx.jit decorates one
+        return loss_and_update(self, optimizer, batch)
+
+
+def test_method_and_stages(mesh):
+    tower = jts.sharded_init(lambda: Tower(nnx.Rngs(0)), mesh=mesh)
+    optimizer = nnx.Optimizer(tower, optax.adamw(1e-3), wrt=nnx.Param)
+    _, _, batch = setup(mesh)
+    tower.train(optimizer, batch)
+    misplace(tower.mlp.linear1.bias, mesh)
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"self\.mlp\.linear1\.bias"):
+        tower.train(optimizer, batch)
+    # `.lower` traces with every check: the misplaced bias again, by path.
+    model, optimizer, batch = setup(mesh)
+    train_step.lower(model, optimizer, batch)
+    misplace(model.linear1.bias, mesh)
+    with pytest.raises(jts.ShardingTypeCheckError, match=r"model\.linear1\.bias"):
+        train_step.lower(model, optimizer, batch).compile()

@@ -31,7 +31,7 @@ import jax
 
 from ..._core.modes import current_mode
 from ..._rules.scope import per_wrap as _per_wrap
-from ..._trees import leaves as _leaves, nnx as _nnx
+from ..._trees import leaves as _leaves, nnx as _nnx, silent as _silent
 from ..._trees.signature import read
 from ..._trees.stacked import lenient
 from . import boundary as _boundary
@@ -83,6 +83,10 @@ def nnx_jit(
 
     - `fun`: the step. May be omitted to use this as
         `@jaxtyping_shard.nnx_jit(donate_argnums=...)`.
+    - `may_check_nothing`: `True` accepts graph nodes none of whose array
+        leaves declares a layout (no `out_sharding` metadata, no field
+        annotation); by default such a step is refused, naming the leaves, as
+        [`jaxtyping_shard.check_tree`][] refuses a tree it checks nothing of.
     - `**jit_kwargs`: passed to `nnx.jit` unchanged (`donate_argnums`,
         `donate_argnames`, `static_argnums`, `static_argnames`,
         `in_shardings`, `out_shardings`, `keep_unused`, ...), except
@@ -122,13 +126,17 @@ def nnx_jit(
                 "nnx_jit checks them there."
             )
     stacked = jit_kwargs.pop("stacked", None)
-    step = checked_step(fun, stacked)
+    nothing = bool(jit_kwargs.pop("may_check_nothing", False))
+    step = checked_step(fun, stacked, nothing)
     return NnxJit(nnx.jit(step, **jit_kwargs), fun, step, jit_kwargs)
 
 
-def checked_step(fun: Callable, stacked: Any = None) -> Callable:
+def checked_step(
+    fun: Callable, stacked: Any = None, may_check_nothing: bool = False
+) -> Callable:
     """`fun` checked at its boundary, and then each argument holding NNX
-    Variables checked again on the values `fun` left in it."""
+    Variables checked again on the values `fun` left in it; graph nodes whose
+    array leaves none is checked are refused (unless `may_check_nothing`)."""
     checked = _boundary.checked(fun, _WHAT, stacked)
     lenient_stacked = lenient(stacked)
     info: list = []  # the signature, read at the first call
@@ -156,6 +164,12 @@ def checked_step(fun: Callable, stacked: Any = None) -> Callable:
                 )  # fmt: skip
         if failures or structure:
             raise _leaves.error(where, failures, counts, structure)
+        if counts.unannotated and not counts.checked and not may_check_nothing:
+            # Graph nodes none of whose Variables declares a layout (no
+            # `out_sharding` metadata, no field annotation): not a pass.
+            nodes = [v for _, v, _ in signature.arguments(args, kwargs)]
+            what = f"{_WHAT}({signature.name}), its graph nodes"
+            _silent.refuse_nothing_checked(what, counts, nodes)
         return out
 
     step._jts_boundary = True  # type: ignore[attr-defined]
