@@ -81,7 +81,7 @@ def mesh(request):
             yield mesh
 
 
-def setup(mesh):
+def make_state(mesh):
     model = jts.sharded_init(lambda: MLP(nnx.Rngs(0)), mesh=mesh)
     optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
     batch = jts.place({"x": jnp.ones((8, 8)), "y": jnp.zeros((8, 8))}, Batch, mesh)
@@ -94,7 +94,7 @@ def misplace(variable, mesh):
 
 
 def test_correct_step_runs_and_updates_in_place(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     before = model.linear1.kernel.get_value()
     losses = [float(train_step(model, optimizer, batch)) for _ in range(3)]
     assert losses[2] < losses[0]  # it trained: the updates were written back
@@ -107,7 +107,7 @@ def test_correct_step_runs_and_updates_in_place(mesh):
 
 
 def test_misplaced_param_on_entry_is_named(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     misplace(model.linear1.kernel, mesh)
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         train_step(model, optimizer, batch)
@@ -122,7 +122,7 @@ def test_misplaced_param_on_entry_is_named(mesh):
 
 
 def test_misplaced_moment_on_entry_is_named(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     misplace(optimizer.opt_state[0].mu["linear2"]["kernel"], mesh)
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         train_step(model, optimizer, batch)
@@ -132,7 +132,7 @@ def test_misplaced_moment_on_entry_is_named(mesh):
 
 
 def test_misplaced_batch_is_named_by_the_steps_annotation(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     batch["y"] = jax.device_put(batch["y"], NamedSharding(mesh, P(None, "data")))
     with pytest.raises(jts.ShardingTypeCheckError, match=r"batch\['y'\]"):
         train_step(model, optimizer, batch)
@@ -161,7 +161,7 @@ def planted_step(model, optimizer, batch, bad=None):
     ],
 )
 def test_wrong_update_is_caught_after_the_step_by_path(mesh, bad, path, spec):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     planted_step(model, optimizer, batch)  # warm: the correct variant passes
     kernel = model.linear1.kernel.get_value()
     with pytest.raises(jts.ShardingTypeCheckError) as info:
@@ -176,10 +176,10 @@ def test_wrong_update_is_caught_after_the_step_by_path(mesh, bad, path, spec):
 
 
 def test_warm_step_called_with_a_misplaced_model(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     train_step(model, optimizer, batch)
     train_step(model, optimizer, batch)  # JAX's cache
-    other, other_opt, _ = setup(mesh)
+    other, other_opt, _ = make_state(mesh)
     misplace(other.linear2.kernel, mesh)
     with pytest.raises(jts.ShardingTypeCheckError, match=r"model\.linear2\.kernel"):
         train_step(other, other_opt, batch)
@@ -187,13 +187,13 @@ def test_warm_step_called_with_a_misplaced_model(mesh):
 
 
 def test_mode_off_checks_nothing_and_on_again_checks(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     with jts.set_mode("off"):  # nothing checked: the wrong update is written back
         planted_step(model, optimizer, batch, bad="moment")
     nu = optimizer.opt_state[0].nu["linear2"]["kernel"].get_value()
     assert nu.sharding.is_fully_replicated
     # Mode on: the same signature as the trace cached under "off" is traced again.
-    fresh, fresh_opt, _ = setup(mesh)
+    fresh, fresh_opt, _ = make_state(mesh)
     with pytest.raises(jts.ShardingTypeCheckError, match=AFTER):
         planted_step(fresh, fresh_opt, batch, bad="moment")
     # And the state the unchecked step left is refused on entry.
@@ -205,7 +205,7 @@ def test_axis_rules_at_wrap_time(mesh):
     def step(model, optimizer, batch):
         return loss_and_update(model, optimizer, batch)
 
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     swapped = {"embed": "model", "mlp": None}
     with jts.axis_rules(None):  # no table in force: the wrapper's holds
         jts.nnx_jit(step, axis_rules=RULES)(model, optimizer, batch)
@@ -218,7 +218,7 @@ def test_donation_passes_through(mesh):
     def step(model, optimizer, batch):
         return loss_and_update(model, optimizer, batch)
 
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     old = model.linear1.kernel.get_value()
     step(model, optimizer, batch)
     assert old.is_deleted()  # donated to nnx.jit's jax.jit
@@ -260,13 +260,13 @@ class Tower(nnx.Module):
 def test_method_and_stages(mesh):
     tower = jts.sharded_init(lambda: Tower(nnx.Rngs(0)), mesh=mesh)
     optimizer = nnx.Optimizer(tower, optax.adamw(1e-3), wrt=nnx.Param)
-    _, _, batch = setup(mesh)
+    _, _, batch = make_state(mesh)
     tower.train(optimizer, batch)
     misplace(tower.mlp.linear1.bias, mesh)
     with pytest.raises(jts.ShardingTypeCheckError, match=r"self\.mlp\.linear1\.bias"):
         tower.train(optimizer, batch)
     # `.lower` traces with every check: the misplaced bias again, by path.
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     train_step.lower(model, optimizer, batch)
     misplace(model.linear1.bias, mesh)
     with pytest.raises(jts.ShardingTypeCheckError, match=r"model\.linear1\.bias"):

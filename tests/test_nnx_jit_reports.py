@@ -15,12 +15,12 @@ from .test_nnx_jit import (
     BATCH,
     explicit,
     loss_and_update,
+    make_state,
     MODEL,
     nnx,
     OPT,
     planted_step,
     RULES,
-    setup,
     train_step,
 )
 
@@ -34,7 +34,7 @@ def mesh(request):
 
 
 def test_preflight_counts_and_checks_the_updated_state(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     report = jts.preflight(train_step, model, optimizer, batch, mesh=mesh)
     checks = report.checks
     # On entry: every param, moment and batch leaf; after: the graph nodes again.
@@ -56,7 +56,7 @@ def test_preflight_counts_and_checks_the_updated_state(mesh):
 
 
 def test_preflight_on_a_larger_abstract_mesh(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     pod = AbstractMesh((4, 4), ("data", "model"), axis_types=mesh.axis_types)
     report = jts.preflight(train_step, model, optimizer, batch, mesh=pod)
     assert report.checks.leaves_checked == 2 * (MODEL + OPT) + BATCH
@@ -65,7 +65,7 @@ def test_preflight_on_a_larger_abstract_mesh(mesh):
 
 
 def test_preflight_names_a_wrong_update_by_path(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         jts.preflight(planted_step, model, optimizer, batch, bad="param", mesh=mesh)
     text = str(info.value)
@@ -74,7 +74,7 @@ def test_preflight_names_a_wrong_update_by_path(mesh):
 
 
 def test_preflight_names_a_misplaced_param_on_entry(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     kernel = model.linear2.kernel
     kernel.set_value(jax.device_put(kernel.get_value(), NamedSharding(mesh, P())))
     with pytest.raises(jts.ShardingTypeCheckError) as info:
@@ -84,7 +84,7 @@ def test_preflight_names_a_misplaced_param_on_entry(mesh):
 
 
 def test_collectives_of_a_step_with_graph_nodes(mesh):
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     report = jts.collectives(train_step, model, optimizer, batch)
     assert report.function == "train_step"
     assert report.where(kind="all-reduce", axes="data").count >= 1  # the grads
@@ -105,7 +105,7 @@ def overwrite_step(model, optimizer, batch, new):
 def test_param_replaced_by_a_replicated_input(mesh):
     """No sharding constraint in the step: on Auto axes only XLA knows the
     updated value's layout, and the check when it compiles names it."""
-    model, optimizer, batch = setup(mesh)
+    model, optimizer, batch = make_state(mesh)
     new = jax.device_put(jnp.zeros((8, 16)), NamedSharding(mesh, P()))
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         overwrite_step(model, optimizer, batch, new)
