@@ -271,3 +271,43 @@ def test_method_and_stages(mesh):
     misplace(model.linear1.bias, mesh)
     with pytest.raises(jts.ShardingTypeCheckError, match=r"model\.linear1\.bias"):
         train_step.lower(model, optimizer, batch).compile()
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_graph_and_tree_mode(mesh, graph):
+    """`graph=` passes through to nnx.jit: in tree mode too the update is
+    checked before it is written back."""
+
+    @jts.nnx_jit(graph=graph, static_argnums=3)
+    def step(model, optimizer, batch, bad):
+        loss = loss_and_update(model, optimizer, batch)
+        if bad:
+            model.linear1.bias.set_value(replicated(model.linear1.bias.get_value()))
+        return loss
+
+    model, optimizer, batch = make_state(mesh)
+    step(model, optimizer, batch, False)
+    assert int(optimizer.step.get_value()) == 1  # written back
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        step(model, optimizer, batch, True)
+    assert AFTER in str(info.value) and "model.linear1.bias.value" in str(info.value)
+    assert int(optimizer.step.get_value()) == 1  # not written back
+
+
+Out = dict[str, Float[Array, "b e", P("data", None)]]
+
+
+def test_result_checked_by_the_steps_annotation(mesh):
+    @jts.nnx_jit(static_argnums=2)
+    def predict(model: MLP, batch: Batch, bad: bool) -> Out:
+        y = model(batch["x"])
+        return {"y": replicated(y) if bad else y}
+
+    model, _, batch = make_state(mesh)
+    out = predict(model, batch, False)
+    assert out["y"].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 2)
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        predict(model, batch, True)
+    text = str(info.value)
+    assert "nnx_jit(predict), return value" in text and "return['y']" in text
+    assert "P('data', None)" in text
