@@ -309,5 +309,5 @@ def test_result_checked_by_the_steps_annotation(mesh):
     with pytest.raises(jts.ShardingTypeCheckError) as info:
         predict(model, batch, True)
     text = str(info.value)
-    assert "nnx_jit(predict), return value" in text and "return['y']" in text
+    assert "predict), return value" in text and "return['y']" in text
     assert "P('data', None)" in text
