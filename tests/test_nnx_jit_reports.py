@@ -20,6 +20,7 @@ from .test_nnx_jit import (
     nnx,
     OPT,
     planted_step,
+    replicated,
     RULES,
     train_step,
 )
@@ -120,3 +121,38 @@ def test_param_replaced_by_a_replicated_input(mesh):
     good = jax.device_put(new, NamedSharding(mesh, P(None, "model")))
     overwrite_step(model, optimizer, batch, good)
     assert nnx.state(model, nnx.Param) is not None
+
+
+class Plain(nnx.Module):
+    """The MLP's structure, with no partitioning metadata: an EMA's copy."""
+
+    def __init__(self, rngs):
+        self.linear1 = nnx.Linear(8, 16, rngs=rngs)
+        self.linear2 = nnx.Linear(16, 8, rngs=rngs)
+
+
+def variables(module):
+    return jax.tree.leaves(module, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+@jts.nnx_jit(static_argnums=2)
+def ema_step(model, shadow: jts.Like["model"], bad):  # noqa: F821
+    for new, old in zip(variables(model), variables(shadow)):
+        old.set_value(0.9 * old.get_value() + 0.1 * new.get_value())
+    if bad:
+        shadow.linear1.kernel.set_value(replicated(shadow.linear1.kernel.get_value()))
+
+
+def test_like_the_model_after_the_update(mesh):
+    model, _, _ = make_state(mesh)
+    with nnx.use_eager_sharding(False):
+        shadow = Plain(nnx.Rngs(1))
+    for new, old in zip(variables(model), variables(shadow)):
+        old.set_value(jax.device_put(old.get_value(), new.get_value().sharding))
+    ema_step(model, shadow, False)
+    with pytest.raises(jts.ShardingTypeCheckError) as info:
+        ema_step(model, shadow, True)
+    text = str(info.value)
+    assert "shadow.linear1.kernel.value" in text and "P(None, 'model')" in text
+    if explicit(mesh):
+        assert f"{AFTER}: 1 of {2 * MODEL} checked leaves" in text

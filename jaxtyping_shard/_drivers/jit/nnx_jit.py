@@ -156,18 +156,21 @@ def checked_step(
         failures: list = []
         structure: list = []
         counts = _leaves.Counts()
-        for param, value, hint in signature.arguments(args, kwargs):
+        arguments = signature.arguments(args, kwargs)
+        # A `jts.Like["model"]` lays its leaves out as the updated model's.
+        likes = _boundary._likes(signature, arguments, where)
+        for param, value, hint in arguments:
             if holds_variables(value):
                 _boundary._failures(
                     value, hint, param, label, lenient_stacked, counts,
-                    failures, structure,
+                    failures, structure, likes,
                 )  # fmt: skip
         if failures or structure:
             raise _leaves.error(where, failures, counts, structure)
         if counts.unannotated and not counts.checked and not may_check_nothing:
             # Graph nodes none of whose Variables declares a layout (no
             # `out_sharding` metadata, no field annotation): not a pass.
-            nodes = [v for _, v, _ in signature.arguments(args, kwargs)]
+            nodes = [v for _, v, _ in arguments]
             what = f"{_WHAT}({signature.name}), its graph nodes"
             _silent.refuse_nothing_checked(what, counts, nodes)
         return out
