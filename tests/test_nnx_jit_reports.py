@@ -156,3 +156,18 @@ def test_like_the_model_after_the_update(mesh):
     assert "shadow.linear1.kernel.value" in text and "P(None, 'model')" in text
     if explicit(mesh):
         assert f"{AFTER}: 1 of {2 * MODEL} checked leaves" in text
+
+
+def test_preflight_and_collectives_under_the_steps_own_rules(mesh):
+    def step(model, optimizer, batch):
+        return loss_and_update(model, optimizer, batch)
+
+    model, optimizer, batch = make_state(mesh)
+    own = jts.nnx_jit(step, axis_rules=RULES)
+    with jts.axis_rules(None):  # no table in force: the step's holds
+        report = jts.preflight(own, model, optimizer, batch, mesh=mesh)
+        assert report.checks.leaves_checked == 2 * (MODEL + OPT)
+        assert jts.collectives(own, model, optimizer, batch).function.endswith("step")
+        swapped = jts.nnx_jit(step, axis_rules={"embed": "model", "mlp": None})
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"linear1\.kernel"):
+            jts.preflight(swapped, model, optimizer, batch, mesh=mesh)
