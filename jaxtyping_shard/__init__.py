@@ -24,6 +24,7 @@ from ._drivers.init.sharded_init import (
 )
 from ._drivers.jit.filter import filter_jit as filter_jit
 from ._drivers.jit.jit import jit as jit, sharding_errors as sharding_errors
+from ._drivers.jit.nnx_jit import nnx_jit as nnx_jit
 from ._drivers.place.place import (
     local_rows as local_rows,
     place as place,
@@ -162,8 +163,8 @@ __all__ = [
     "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",
     "format_spec", "fsdp",
     "get_axis_rules",
-    "get_mode", "jaxtyped", "jit", "local_rows", "logical_specs", "out_sharding",
-    "place",
+    "get_mode", "jaxtyped", "jit", "local_rows", "logical_specs", "nnx_jit",
+    "out_sharding", "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
 ]  # fmt: skip

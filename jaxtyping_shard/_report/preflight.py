@@ -207,6 +207,11 @@ def _annotated(fn: Any, args: tuple, kwargs: dict) -> _derive.AnnotatedJit:
     """`fn` as `jts.jit(in_shardings="annotations", ...)` would run it."""
     if isinstance(fn, _derive.AnnotatedJit):
         return fn.deriving_inputs()
+    pure = getattr(fn, "_jts_pure", None)
+    if callable(pure):
+        # `jts.nnx_jit`: its step as a pure function, which returns the graph
+        # nodes it updated in place (checked inside, and counted as outputs).
+        fn = pure()
     while callable(getattr(fn, "lower", None)) and hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__  # a `jax.jit` (or `jts.jit`) object: its function
     if not getattr(fn, "_jts_boundary", False):
