@@ -5,7 +5,8 @@ XLA packs the elements of a type narrower than a byte (`int4`, `uint4`,
 buffer up to whole bytes; `bool` and the 1-bit `int1` / `uint1` (XLA's `pred`)
 take one byte each, as do the 6-bit floats (`float6_e2m3fn`, `float6_e3m2fn`,
 which XLA's CPU backend compiles from jaxlib 0.12). A 64-bit type is stored in
-32 bits unless `jax_enable_x64` is on, as JAX lowers it. `numpy`'s `itemsize` is 1 for every sub-byte type.
+32 bits unless `jax_enable_x64` is on, as JAX lowers it. `numpy`'s `itemsize`
+is 1 for every sub-byte type.
 `shard_bytes`: an array's shard, bytes per device and bytes replicated on a mesh.
 """
 
