@@ -15,12 +15,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 from beartype import beartype
-from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 from jaxtyping_shard._report import cpu_mesh
+
 
 TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 W = Float[Array, "e m@model"]
@@ -124,7 +125,6 @@ def test_temporaries_equal_an_independent_compile_of_the_same_step(compiled):
     )
     env = cpu_mesh._environment(256)
     env.pop(cpu_mesh.CHILD_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, timeout=120
     )
@@ -154,7 +154,7 @@ def test_temporaries_over_the_budget_fail_naming_them(compiled, kind):
             hidden, *shapes(), mesh=pod(kind), check_mesh="cpu", hbm_bytes=fits
         )
     text = str(info.value)
-    assert f"is over the budget hbm_bytes=" in text and f"({fits} bytes)" in text
+    assert "is over the budget hbm_bytes=" in text and f"({fits} bytes)" in text
     assert "+ temporaries" in text
     assert "temporary at test_preflight_cpu.py:" in text and "x @ w" in text
     assert info.value.report.over_budget

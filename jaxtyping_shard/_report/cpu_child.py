@@ -18,6 +18,14 @@ import time
 import traceback
 from typing import Any
 
+import jax
+from jax.sharding import AxisType, NamedSharding
+
+from .._core import failures as _failures
+from .._rules import scope as _scope
+from . import collectives as _collectives, preflight as _preflight, temporaries
+from .cpu_mesh import Compiled, Leaf
+
 
 def main(request: str, answer: str) -> None:
     try:
@@ -34,14 +42,6 @@ def main(request: str, answer: str) -> None:
 
 
 def _run(payload: dict) -> Any:
-    import jax
-    from jax.sharding import AxisType, NamedSharding
-
-    from .._core import failures as _failures
-    from .._rules import scope as _scope
-    from . import collectives as _collectives, preflight as _preflight, temporaries
-    from .cpu_mesh import Compiled, Leaf
-
     jax.config.update("jax_enable_x64", payload["x64"])
     shape, names, types = payload["mesh"]
     mesh = jax.make_mesh(

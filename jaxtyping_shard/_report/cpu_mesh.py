@@ -15,7 +15,7 @@ results' layouts, `memory_analysis()`, the temporaries by line and the
 collectives. The child is bounded by `TIMEOUT_S` and killed past it.
 
 One process holds at most `MAX_DEVICES` forced CPU devices for a compile (at
-4,096, XLA's CPU client fails "Multiprocess computations aren't implemented on
+2,049, XLA's CPU client fails "Multiprocess computations aren't implemented on
 the CPU backend"); a larger mesh is refused, naming the limit and the fixes.
 """
 
@@ -34,9 +34,10 @@ from jax.sharding import NamedSharding
 from .._core import mesh as _mesh
 from .._rules import scope as _scope
 from .abstract_args import abstract, is_array
+from .collectives import Collectives
 
 
-MAX_DEVICES = 2048  # forced CPU devices one process compiles on (4,096 fails)
+MAX_DEVICES = 2048  # forced CPU devices one process compiles on (2,049 fails)
 TIMEOUT_S = 900.0  # seconds the child may take, then it is killed
 CHILD_ENV = "JAXTYPING_SHARD_CPU_MESH_CHILD"
 
@@ -195,6 +196,9 @@ def _environment(devices: int) -> dict:
         [*flags, f"--xla_force_host_platform_device_count={devices}"]
     )
     env["JAX_PLATFORMS"] = "cpu"
+    # The caller's path, so that the child imports this very package (and the
+    # step's module) from where the caller did.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env[CHILD_ENV] = "1"
     return env
 
@@ -227,6 +231,4 @@ def outputs(traced: Any, child: Compiled, mesh: Any) -> Any:
 
 
 def collectives_of(child: Compiled, name: str, mesh: Any) -> Any:
-    from .collectives import Collectives
-
     return Collectives(child.collectives, name, mesh)

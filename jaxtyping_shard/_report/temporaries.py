@@ -61,7 +61,8 @@ class XlaMemory:
     @classmethod
     def of(cls, stats: Any) -> "XlaMemory":
         names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{n: getattr(stats, n, None) for n in names})
+        values: dict[str, Any] = {n: getattr(stats, n, None) for n in names}
+        return cls(**values)
 
     @property
     def peak_bytes(self) -> int:
