@@ -1,7 +1,7 @@
 """What `jts.preflight(..., check_mesh="cpu")` costs: wall time of the whole
 preflight (its trace on the AbstractMesh, the child process started, the step
-compiled there on forced CPU devices, the answer read back) and the child's
-peak resident memory, at 256, 1,024 and 2,048 devices, for a small Auto step.
+compiled there on forced CPU devices, the answer read back), the child's CPU
+seconds and its peak resident memory, at 256, 1,024 and 2,048 devices, for a small Auto step.
 
     python benchmarks/cpu_mesh.py [--sizes 256,1024,2048]
 
@@ -38,13 +38,17 @@ def measure(devices: int) -> dict:
     mesh = AbstractMesh(SHAPES[devices], ("data", "model"), (AxisType.Auto,) * 2)
     w = jax.ShapeDtypeStruct((1024, 4096), jnp.float32)
     x = jax.ShapeDtypeStruct((4096, 1024), jnp.float32)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     report = jts.preflight(step, w, x, mesh=mesh, check_mesh="cpu")
     wall = time.perf_counter() - start
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = after.ru_maxrss * 1024
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {
         "devices": devices,
         "wall_s": round(wall, 2),
+        "child_cpu_s": round(cpu, 2),
         "child_peak_rss_mib": round(children / 2**20),
         "temporary_bytes": report.temporary_bytes,
         "collectives": report.collectives.count,
