@@ -1,7 +1,8 @@
 """What `jts.preflight(..., check_mesh="cpu")` costs: wall time of the whole
 preflight (its trace on the AbstractMesh, the child process started, the step
 compiled there on forced CPU devices, the answer read back), the child's CPU
-seconds and its peak resident memory, at 256, 1,024 and 2,048 devices, for a small Auto step.
+seconds and its peak resident memory, at 256, 1,024 and 2,048 devices, for a
+small Auto step.
 
     python benchmarks/cpu_mesh.py [--sizes 256,1024,2048]
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from beartype import beartype
-from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
@@ -202,3 +202,34 @@ def _children():
                 if b"cpu_child" in file.read():
                     found.append(pid)
     return found
+
+
+LogicalW = Float[Array, "embed mlp", jts.Logical]
+LogicalX = Float[Array, "batch embed", jts.Logical]
+RULES = {"batch": "data", "mlp": "model", "embed": None}
+
+
+@jts.jit(in_shardings="annotations", out_shardings="annotations")
+def logical(w: LogicalW, x: LogicalX) -> LogicalX:
+    return jnp.tanh(x @ w) @ w.T
+
+
+def test_a_jts_jit_step_under_rules_is_compiled_under_them():
+    """The child imports a `jts.jit` object by its name and runs under the rules
+    in force here; a table that lays `x` out otherwise is the child's too."""
+    mesh = pod("auto")
+    w, x = (
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+        for s, spec in zip(shapes(), (P(None, "model"), P("data", None)))
+    )
+    report = jts.preflight(logical, w, x, mesh=mesh, check_mesh="cpu", axis_rules=RULES)
+    assert report.checks.complete and report.temporary_bytes > 0
+    (out,) = [leaf for leaf in report.leaves if leaf.group == "outputs"]
+    assert out.spec == P("data", None) and out.bytes_per_device == 128 * 1024 * 4
+    wrong = jax.ShapeDtypeStruct(
+        (4096, 1024), jnp.float32, sharding=NamedSharding(mesh, P(None, "model"))
+    )
+    with pytest.raises(jts.ShardingTypeCheckError, match="`x` of `logical`"):
+        jts.preflight(
+            logical, shapes()[0], wrong, mesh=mesh, check_mesh="cpu", axis_rules=RULES
+        )

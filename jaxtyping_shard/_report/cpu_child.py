@@ -23,6 +23,7 @@ from jax.sharding import AxisType, NamedSharding
 
 from .._core import failures as _failures
 from .._rules import scope as _scope
+from .._rules.table import AxisRules
 from . import collectives as _collectives, preflight as _preflight, temporaries
 from .cpu_mesh import Compiled, Leaf
 
@@ -62,7 +63,8 @@ def _run(payload: dict) -> Any:
     args, kwargs = built(payload["args"]), built(payload["kwargs"])
     fn = _step(payload["fn"])
     start = time.perf_counter()
-    with _scope.given(payload["rules"]), _failures.collecting() as found:
+    rules = _rules(payload["rules"])
+    with _scope.given(rules), _failures.collecting() as found:
         jitted = _preflight._annotated(fn, args, kwargs)
         compiled = _preflight._compile(jitted, args, kwargs, mesh)
     seconds = time.perf_counter() - start
@@ -81,6 +83,18 @@ def _run(payload: dict) -> Any:
         seconds,
         peak,
     )
+
+
+def _rules(state: Any) -> Any:
+    """The caller's `AxisRules` from `cpu_mesh._rules_state`, as it was."""
+    if state is None:
+        return None
+    pairs, linen, conflicts, gathered = state
+    rules = object.__new__(AxisRules)
+    object.__setattr__(rules, "linen", linen)
+    object.__setattr__(rules, "conflicts", conflicts)
+    rules._set_pairs(pairs, gathered)
+    return rules
 
 
 def _step(reference: Any) -> Any:

@@ -99,7 +99,7 @@ def compile_in_child(fn: Any, args: tuple, kwargs: dict, mesh: Any) -> Compiled:
             tuple(mesh.axis_names),
             tuple(t.name for t in mesh.axis_types),
         ),
-        "rules": _scope.current(),
+        "rules": _rules_state(_scope.current()),
         "x64": bool(jax.config.read("jax_enable_x64")),
     }
     with tempfile.TemporaryDirectory(prefix="jts-cpu-mesh-") as folder:
@@ -166,6 +166,14 @@ def _reference(fn: Any) -> Any:
             "'__main__':`), not inside a function."
         )
     return ("ref", module, qualname)
+
+
+def _rules_state(rules: Any) -> Any:
+    """The rules in force as plain data (an `AxisRules` refuses to be unpickled
+    into: it is immutable); `cpu_child._rules` rebuilds it."""
+    if rules is None:
+        return None
+    return (rules.pairs, rules.linen, rules.conflicts, rules.gathered)
 
 
 def _main_file() -> Optional[str]:
