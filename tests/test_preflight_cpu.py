@@ -21,6 +21,7 @@ from jaxtyping import Array
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
 from jaxtyping_shard._report import cpu_mesh
+from jaxtyping_shard._report.text import format_bytes
 
 
 TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
@@ -90,7 +91,12 @@ def test_compiled_on_the_production_mesh_with_its_temporaries(compiled, kind):
     assert first.largest_bytes == (4096 // 32) * (4096 // 8) * 4
     assert "test_preflight_cpu.py" in first.where and "x @ w" in first.where
     assert "largest temporaries (by line)" in str(report)
-    assert "+ temporaries" in report.headline()
+    peak = format_bytes(report.peak_bytes)
+    assert f"with XLA's temporaries {format_bytes(report.temporary_bytes)}" in (
+        report.headline()
+    )
+    assert f"the peak is {peak}" in report.headline()
+    assert report.peak_bytes > report.total_bytes
 
 
 @pytest.mark.parametrize("kind", list(TYPES))
@@ -162,6 +168,8 @@ def test_temporaries_over_the_budget_fail_naming_them(compiled, kind):
     report = jts.preflight(hidden, *shapes(), mesh=pod(kind), hbm_bytes=fits)
     assert report.temporary_bytes is None and report.peak_bytes is None
     assert "temporaries not counted" in report.headline()
+    with pytest.raises(jts.ShardingTypeCheckError, match="temporaries not counted"):
+        jts.preflight(hidden, *shapes(), mesh=pod(kind), hbm_bytes=fits - 2)
 
 
 def test_the_child_is_bounded_and_cleaned_up(monkeypatch):

@@ -51,9 +51,11 @@ def _over_hbm(head: str, report: PreflightReport) -> list[str]:
     assert report.hbm_bytes is not None
     temporaries = report.temporary_bytes
     counted = (
-        f" + temporaries {format_bytes(temporaries)}, less donated arguments"
+        f" + temporaries {format_bytes(temporaries)}, less donated arguments, "
+        "as XLA counts them"
         if temporaries is not None
-        else "; temporaries not counted: not known here"
+        else "; temporaries not counted: check_mesh='cpu' compiles the step on "
+        "this mesh to count them"
     )
     needed = report.budget_bytes
     lines = [

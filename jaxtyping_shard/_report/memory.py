@@ -310,8 +310,8 @@ class PreflightReport:
         temporaries = self.temporary_bytes
         if temporaries is not None:
             budget = (
-                f" + temporaries {format_bytes(temporaries)} (peak "
-                f"{format_bytes(self.peak_bytes)})"
+                f"; with XLA's temporaries {format_bytes(temporaries)}, the peak "
+                f"is {format_bytes(self.peak_bytes)}"
             )
         elif self.hbm_bytes is not None:
             budget = " (temporaries not counted: check_mesh='cpu' compiles them)"
