@@ -169,7 +169,7 @@ def test_temporaries_over_the_budget_fail_naming_them(compiled, kind):
     assert report.temporary_bytes is None and report.peak_bytes is None
     assert "temporaries not counted" in report.headline()
     with pytest.raises(jts.ShardingTypeCheckError, match="temporaries not counted"):
-        jts.preflight(hidden, *shapes(), mesh=pod(kind), hbm_bytes=fits - 2)
+        jts.preflight(hidden, *shapes(), mesh=pod(kind), hbm_bytes=1024)
 
 
 def test_the_child_is_bounded_and_cleaned_up(monkeypatch):
