@@ -105,7 +105,7 @@ def preflight(
         8), ("data", "model"), axis_types=...)`: 4,096 devices on a laptop), or a
         `Mesh`. Omitted: the context mesh (`jax.set_mesh`).
     - `hbm_bytes`: a budget per device. When the arguments, results and
-        temporaries (where known: `check_mesh="cpu"`, or a concrete `mesh`)
+        temporaries (where known: `check_mesh="cpu"`, a concrete Auto `mesh`)
         take more, preflight fails naming the largest of them.
     - `check_mesh`: a concrete `Mesh` with `mesh`'s axis names (e.g. 4 x 2
         forced CPU devices), on which the step is also compiled (never run), so
@@ -128,8 +128,8 @@ def preflight(
     was and was not checked; as data, `.leaves`, `.argument_bytes`,
     `.output_bytes`, `.total_bytes`, `.by_argument()`, `.by_top_level()`,
     `.largest(n)`, `.replicated`, `.checks`, `.as_dict()`; and, when the step
-    was compiled on `mesh` itself, `.xla_memory`: XLA's `memory_analysis()` of
-    that compile (its temporaries included).
+    was compiled on `mesh` itself (concrete, or `check_mesh="cpu"`),
+    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries`.
 
     **Raises:**
 
