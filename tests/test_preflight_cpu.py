@@ -241,3 +241,47 @@ def test_a_jts_jit_step_under_rules_is_compiled_under_them():
         jts.preflight(
             logical, shapes()[0], wrong, mesh=mesh, check_mesh="cpu", axis_rules=RULES
         )
+
+
+SCRIPT = """
+import jax, jax.numpy as jnp
+from jax.sharding import AbstractMesh, AxisType
+from jaxtyping import Array
+import jaxtyping_shard as jts
+from jaxtyping_shard import Float
+
+def step(w: Float[Array, "e m@model"], x: Float[Array, "b@data e"]):
+    return jnp.tanh(x @ w).sum()
+
+def main():
+    mesh = AbstractMesh((16, 4), ("data", "model"), (AxisType.Auto,) * 2)
+    w = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
+    report = jts.preflight(step, w, x, mesh=mesh, check_mesh="cpu")
+    print("devices here", len(jax.devices()), "compiled on", report.checks.compiled_on)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_step_in_a_script(tmp_path, guarded):
+    """A script's step is found in the child, which loads the script as
+    `__mp_main__`; one whose top-level code is not under the guard is refused
+    there, saying so, rather than run again."""
+    tail = 'if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"
+    script = tmp_path / "train_check.py"
+    script.write_text(SCRIPT + tail)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("XLA_FLAGS", None)  # the script's own devices: one CPU
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, timeout=300
+    )
+    out, err = done.stdout.decode(), done.stderr.decode()
+    if guarded:
+        assert done.returncode == 0, err[-2000:]
+        # The caller's devices untouched: one, as it started; the child had 64.
+        assert "devices here 1 compiled on ('data': 16, 'model': 4; Auto" in out
+        assert "64 forced CPU devices in one child process" in out
+    else:
+        assert done.returncode != 0
+        assert "called inside its own child process" in err
+        assert "if __name__ == '__main__':" in err

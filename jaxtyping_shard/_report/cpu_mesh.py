@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from .._core import mesh as _mesh
 from .._rules import scope as _scope
@@ -70,6 +70,31 @@ def describe(mesh: Any) -> str:
         f"{_mesh.format_mesh(mesh)}: {mesh.size} forced CPU devices in one child "
         "process (check_mesh='cpu')"
     )
+
+
+def check_mesh_of(check_mesh: Any, mesh: Any) -> Any:
+    """preflight's `check_mesh=`: a concrete `Mesh` like `mesh`, `"cpu"`, or
+    (omitted) `mesh` itself if concrete, else None."""
+    if check_mesh is None:
+        return mesh if isinstance(mesh, Mesh) else None
+    if isinstance(check_mesh, str) and check_mesh == "cpu":
+        return check_mesh
+    if not isinstance(check_mesh, Mesh):
+        raise ValueError(
+            "preflight: check_mesh must be a concrete `jax.sharding.Mesh` (the "
+            "step is compiled on it), e.g. `jax.make_mesh((4, 2), names, "
+            'axis_types=...)` over forced CPU devices, or "cpu" (the production '
+            f"mesh itself, of forced CPU devices in a child process); not "
+            f"{check_mesh!r}."
+        )
+    if tuple(check_mesh.axis_names) != tuple(mesh.axis_names) or tuple(
+        check_mesh.axis_types
+    ) != tuple(mesh.axis_types):
+        raise ValueError(
+            f"preflight: check_mesh {_mesh.format_mesh(check_mesh)} must have the "
+            f"axis names and types of mesh {_mesh.format_mesh(mesh)}, in order."
+        )
+    return check_mesh
 
 
 def compile_in_child(fn: Any, args: tuple, kwargs: dict, mesh: Any) -> Compiled:

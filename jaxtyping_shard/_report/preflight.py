@@ -140,7 +140,7 @@ def preflight(
     do not divide: all such leaves in one error).
     """
     mesh = _target_mesh(mesh)
-    check_mesh = _check_mesh(check_mesh, mesh)
+    check_mesh = _cpu_mesh.check_mesh_of(check_mesh, mesh)
     hbm_bytes = _limits.hbm_budget(hbm_bytes)
     max_replicated = _limits.replicated_budget(max_replicated)
     if not compat.top_level():
@@ -198,29 +198,6 @@ def _target_mesh(mesh: Any) -> Any:
             f"preflight needs a `jax.sharding.AbstractMesh` or `Mesh`, not {mesh!r}."
         )
     return mesh
-
-
-def _check_mesh(check_mesh: Any, mesh: Any) -> Any:
-    if check_mesh is None:
-        return mesh if isinstance(mesh, Mesh) else None
-    if isinstance(check_mesh, str) and check_mesh == "cpu":
-        return check_mesh
-    if not isinstance(check_mesh, Mesh):
-        raise ValueError(
-            "preflight: check_mesh must be a concrete `jax.sharding.Mesh` (the "
-            "step is compiled on it), e.g. `jax.make_mesh((4, 2), names, "
-            'axis_types=...)` over forced CPU devices, or "cpu" (the production '
-            f"mesh itself, of forced CPU devices in a child process); not "
-            f"{check_mesh!r}."
-        )
-    if tuple(check_mesh.axis_names) != tuple(mesh.axis_names) or tuple(
-        check_mesh.axis_types
-    ) != tuple(mesh.axis_types):
-        raise ValueError(
-            f"preflight: check_mesh {_mesh.format_mesh(check_mesh)} must have the "
-            f"axis names and types of mesh {_mesh.format_mesh(mesh)}, in order."
-        )
-    return check_mesh
 
 
 def _annotated(fn: Any, args: tuple, kwargs: dict) -> _derive.AnnotatedJit:
