@@ -35,8 +35,11 @@ def pod(kind):
     return AbstractMesh((512, 8), ("data", "model"), axis_types=KINDS[kind])
 
 
-def x_sds():
-    return jax.ShapeDtypeStruct((1024, 64), jnp.float32)
+def x_sds(mesh=None):
+    """The input; given its layout on `mesh` (on Auto axes one without is named
+    as not checked: `test_preflight_inputs.py`)."""
+    sharding = None if mesh is None else NamedSharding(mesh, P("data", None))
+    return jax.ShapeDtypeStruct((1024, 64), jnp.float32, sharding=sharding)
 
 
 @jts.jaxtyped(typechecker=beartype)
@@ -50,7 +53,9 @@ def step(x: Rows) -> Rows:
 
 
 def test_the_report_says_what_was_not_checked(kind):
-    report = jts.preflight(step, x_sds(), mesh=pod(kind))  # nothing it could see
+    report = jts.preflight(
+        step, x_sds(pod(kind)), mesh=pod(kind)
+    )  # nothing it could see
     assert not report.checks.complete
     assert report.checks.compile_time >= 1 and report.checks.compiled_on is None
     (what,) = report.checks.not_checked
@@ -77,7 +82,8 @@ def test_a_concrete_mesh_is_its_own_check_mesh(kind):
     def fine(x: Rows) -> Rows:
         return x * 2
 
-    report = jts.preflight(fine, x_sds(), mesh=MESHES[kind]())
+    mesh = MESHES[kind]()
+    report = jts.preflight(fine, x_sds(mesh), mesh=mesh)
     assert report.checks.complete  # its (boundary) checks ran when compiled
 
 
@@ -89,7 +95,9 @@ def test_a_step_that_matches_is_complete_once_compiled(kind):
     def good(x: Rows) -> Rows:
         return keeps(x)
 
-    report = jts.preflight(good, x_sds(), mesh=pod(kind), check_mesh=MESHES[kind]())
+    report = jts.preflight(
+        good, x_sds(pod(kind)), mesh=pod(kind), check_mesh=MESHES[kind]()
+    )
     assert report.checks.complete
     assert report.checks.compiled_on == "('data': 4, 'model': 2; " + (
         "Auto axes)" if kind == "auto" else "axis types Explicit, Auto)"

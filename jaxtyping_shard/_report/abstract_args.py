@@ -79,3 +79,17 @@ def _rehomed(sharding: Any, mesh: Any, path: tuple) -> Optional[NamedSharding]:
         f"{sharding}, which names no mesh axes to carry over to the mesh. Place it "
         "with a NamedSharding, or pass a jax.ShapeDtypeStruct."
     )
+
+
+def unplaced(arguments: list, mesh: Any) -> set[str]:
+    """The paths (`params['w']`) of the array leaves given without a layout (a
+    `ShapeDtypeStruct` with no sharding, an uncommitted or NumPy array), which
+    are placed as annotated: their own layout is not checked."""
+    found = set()
+    for name, value, _ in arguments:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract(value, mesh))[
+            0
+        ]:
+            if is_array(leaf) and getattr(leaf, "sharding", None) is None:
+                found.add(name + jax.tree_util.keystr(path))
+    return found

@@ -105,8 +105,61 @@ class PreflightReport:
         self.checks = checks
         self.hbm_bytes = hbm_bytes
         # XLA's `memory_analysis()` when the step was compiled on the mesh itself
-        # (a concrete mesh with Auto axes), temporaries included; else None.
+        # (a concrete mesh, or check_mesh="cpu"), temporaries included; else None.
         self.xla_memory: Any = None
+        self.max_replicated: Any = None  # a fraction (float) or bytes (int)
+        # Temporaries by source line, largest first (check_mesh="cpu"), and the
+        # step's collectives at the real group sizes; None where not compiled.
+        self.temporaries: Optional[list] = None
+        self.collectives: Any = None
+
+    @property
+    def temporary_bytes(self) -> Optional[int]:
+        """XLA's temporaries per device, when the step was compiled on the
+        production mesh (itself concrete, or `check_mesh="cpu"`); else None."""
+        memory = self.xla_memory
+        return None if memory is None else int(memory.temp_size_in_bytes)
+
+    @property
+    def peak_bytes(self) -> Optional[int]:
+        """Arguments + results + temporaries - donated arguments per device, as
+        XLA's `memory_analysis()` counts them; None where temporaries are unknown.
+        (XLA's own `peak_memory_in_bytes` leaves the temporaries out on CPU.)"""
+        memory = self.xla_memory
+        if memory is None:
+            return None
+        return int(
+            memory.argument_size_in_bytes
+            + memory.output_size_in_bytes
+            + memory.temp_size_in_bytes
+            - memory.alias_size_in_bytes
+        )
+
+    @property
+    def budget_bytes(self) -> int:
+        """What `hbm_bytes` is compared with: `peak_bytes` where known, else
+        `total_bytes` (temporaries not counted)."""
+        peak = self.peak_bytes
+        return self.total_bytes if peak is None else peak
+
+    @property
+    def replicated_bytes(self) -> int:
+        """Bytes per device of the leaves whole on every device."""
+        return sum(leaf.bytes_per_device or 0 for leaf in self.replicated)
+
+    @property
+    def replicated_allowance(self) -> Optional[int]:
+        """The bytes `max_replicated` allows per device (a float: that fraction
+        of `total_bytes`), or None."""
+        limit = self.max_replicated
+        if isinstance(limit, float):
+            return int(limit * self.total_bytes)
+        return limit
+
+    @property
+    def over_replicated(self) -> bool:
+        allowed = self.replicated_allowance
+        return allowed is not None and self.replicated_bytes > allowed
 
     def _total(self, outputs: Optional[bool]) -> int:
         return sum(
@@ -171,7 +224,7 @@ class PreflightReport:
 
     @property
     def over_budget(self) -> bool:
-        return self.hbm_bytes is not None and self.total_bytes > self.hbm_bytes
+        return self.hbm_bytes is not None and self.budget_bytes > self.hbm_bytes
 
     def as_dict(self) -> dict:
         """The report as plain data (JSON-ready)."""
@@ -182,6 +235,18 @@ class PreflightReport:
             "output_bytes": self.output_bytes,
             "total_bytes": self.total_bytes,
             "hbm_bytes": self.hbm_bytes,
+            "temporary_bytes": self.temporary_bytes,
+            "peak_bytes": self.peak_bytes,
+            "max_replicated": self.max_replicated,
+            "replicated_bytes": self.replicated_bytes,
+            "temporaries": [
+                {
+                    "where": t.where,
+                    "largest_bytes": t.largest_bytes,
+                    "buffers": t.buffers,
+                }
+                for t in self.temporaries or ()
+            ],
             "by_argument": self.by_argument(),
             "by_top_level": self.by_top_level(),
             "leaves": [
@@ -225,6 +290,14 @@ class PreflightReport:
             ("replicated (whole on every device)", "layout", "bytes/device"),
             rows or [("none", "", "")],
         )
+        if self.temporaries:
+            lines += _table(
+                ("largest temporaries (by line)", "largest buffer", "buffers"),
+                [
+                    (t.where, format_bytes(t.largest_bytes), str(t.buffers))
+                    for t in self.temporaries[:_SHOWN]
+                ],
+            )
         lines.append("")
         lines.append(self.checked_text())
         return "\n".join(lines)
@@ -234,9 +307,17 @@ class PreflightReport:
 
     def headline(self) -> str:
         budget = ""
+        temporaries = self.temporary_bytes
+        if temporaries is not None:
+            budget = (
+                f"; with XLA's temporaries {format_bytes(temporaries)}, the peak "
+                f"is {format_bytes(self.peak_bytes)}"
+            )
+        elif self.hbm_bytes is not None:
+            budget = " (temporaries not counted: check_mesh='cpu' compiles them)"
         if self.hbm_bytes is not None:
             verdict = "OVER" if self.over_budget else "within"
-            budget = f", {verdict} the budget of {format_bytes(self.hbm_bytes)}"
+            budget += f", {verdict} the budget of {format_bytes(self.hbm_bytes)}"
         unknown = self.unknown
         lower = (
             f" (at least: {len(unknown)} leaves of unknown layout)" if unknown else ""

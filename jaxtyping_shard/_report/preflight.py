@@ -35,8 +35,9 @@ from .._trees import (
 from .._trees.signature import function_name
 from .._verdict import auto as _auto
 from .._verdict.compare import FIX
-from .abstract_args import abstract, has_arrays, is_array
-from .memory import Checks, format_bytes, leaf_bytes, LeafBytes, PreflightReport
+from . import cpu_mesh as _cpu_mesh, limits as _limits
+from .abstract_args import abstract, has_arrays, is_array, unplaced
+from .memory import Checks, leaf_bytes, LeafBytes, PreflightReport
 
 
 @_per_call_step  # axis_rules=: the call runs under that table
@@ -47,6 +48,7 @@ def preflight(
     hbm_bytes: Optional[int] = None,
     check_mesh: Any = None,
     axis_rules: Any = None,
+    max_replicated: Any = None,
     **kwargs: Any,
 ) -> PreflightReport:
     """Checks a step on the production mesh and counts its bytes per device,
@@ -102,12 +104,21 @@ def preflight(
     - `mesh`: a `jax.sharding.AbstractMesh` of any size (`AbstractMesh((512,
         8), ("data", "model"), axis_types=...)`: 4,096 devices on a laptop), or a
         `Mesh`. Omitted: the context mesh (`jax.set_mesh`).
-    - `hbm_bytes`: a budget per device. When the arguments and results take
-        more, preflight fails naming the largest of them.
+    - `hbm_bytes`: a budget per device. When the arguments, results and
+        temporaries (where known: `check_mesh="cpu"`, a concrete Auto `mesh`)
+        take more, preflight fails naming the largest of them.
     - `check_mesh`: a concrete `Mesh` with `mesh`'s axis names (e.g. 4 x 2
         forced CPU devices), on which the step is also compiled (never run), so
-        that the checks on `Auto` axes run. Omitted: `mesh` itself if it is
-        concrete, else none.
+        that the checks on `Auto` axes run; or `"cpu"`: a real mesh of `mesh`'s
+        shape, names and types made of forced CPU devices in a child process
+        (up to 2,048 devices), where the step is compiled, so that every check
+        XLA decides runs at the real axis sizes, and `report.temporary_bytes`,
+        `.temporaries` (by line) and `.collectives` come from that compile. The
+        step must be importable there (see [Preflight](preflight.md)). Omitted:
+        `mesh` itself if it is concrete, else none.
+    - `max_replicated`: the most the leaves whole on every device may take per
+        device: a float is a fraction of the bytes per device (`0.02`), an int
+        a number of bytes. Over it, preflight fails naming the largest.
     - `axis_rules`: as for [`jaxtyping_shard.check_tree`][].
 
     **Returns:**
@@ -117,8 +128,8 @@ def preflight(
     was and was not checked; as data, `.leaves`, `.argument_bytes`,
     `.output_bytes`, `.total_bytes`, `.by_argument()`, `.by_top_level()`,
     `.largest(n)`, `.replicated`, `.checks`, `.as_dict()`; and, when the step
-    was compiled on `mesh` itself, `.xla_memory`: XLA's `memory_analysis()` of
-    that compile (its temporaries included).
+    was compiled on `mesh` itself (concrete, or `check_mesh="cpu"`),
+    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries`.
 
     **Raises:**
 
@@ -129,24 +140,24 @@ def preflight(
     do not divide: all such leaves in one error).
     """
     mesh = _target_mesh(mesh)
-    check_mesh = _check_mesh(check_mesh, mesh)
-    if hbm_bytes is not None and (
-        isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, int) or hbm_bytes <= 0
-    ):
-        raise ValueError(
-            f"preflight: hbm_bytes is a number of bytes per device (an int > 0, "
-            f"e.g. `16 * 2**30`), not {hbm_bytes!r}."
-        )
+    check_mesh = _cpu_mesh.check_mesh_of(check_mesh, mesh)
+    hbm_bytes = _limits.hbm_budget(hbm_bytes)
+    max_replicated = _limits.replicated_budget(max_replicated)
     if not compat.top_level():
         raise ValueError("jts.preflight traces its step itself: call it outside jit.")
     jitted = _annotated(fn, args, kwargs)
     name = function_name(fn)
-    compiled_on = xla_memory = None
+    compiled_on = xla_memory = child = None
     with _failures.collecting() as found:
         try:
             traced, placed, scheduled = _trace(jitted, args, kwargs, mesh)
             outputs = traced.out_info
-            if scheduled and check_mesh is not None:
+            if check_mesh == "cpu":  # the production mesh, real, in a child
+                child = _cpu_mesh.compile_in_child(fn, args, kwargs, mesh)
+                _cpu_mesh.add_findings(found, child)
+                outputs = _cpu_mesh.outputs(outputs, child, mesh)
+                compiled_on, xla_memory = _cpu_mesh.describe(mesh), child.memory
+            elif scheduled and check_mesh is not None:
                 compiled = _compile(jitted, args, kwargs, check_mesh)
                 compiled_on = _mesh.format_mesh(check_mesh)
                 if check_mesh is mesh:  # what XLA chose for unannotated results
@@ -162,13 +173,18 @@ def preflight(
             raise ShardingTypeCheckError(
                 "\n".join([*_mismatches(head, found), stopped])
             ) from error
-    report = _report(name, jitted, placed, outputs, mesh, scheduled, compiled_on)
+    given = (args, kwargs)
+    report = _report(name, jitted, placed, given, outputs, mesh, scheduled, compiled_on)
     report.hbm_bytes, report.xla_memory = hbm_bytes, xla_memory
-    if found or report.over_budget:
+    report.max_replicated = max_replicated
+    if child is not None:
+        report.temporaries = child.temporaries
+        report.collectives = _cpu_mesh.collectives_of(child, name, mesh)
+    over = _limits.over_lines(_head(name, mesh), report)
+    if found or over:
         head = _head(name, mesh)
         lines = _mismatches(head, found) if found else []
-        if report.over_budget:
-            lines += _over_budget(head, report)
+        lines += over
         error = ShardingTypeCheckError("\n".join(lines))
         error.report = report  # type: ignore[attr-defined]
         raise error
@@ -182,25 +198,6 @@ def _target_mesh(mesh: Any) -> Any:
             f"preflight needs a `jax.sharding.AbstractMesh` or `Mesh`, not {mesh!r}."
         )
     return mesh
-
-
-def _check_mesh(check_mesh: Any, mesh: Any) -> Optional[Mesh]:
-    if check_mesh is None:
-        return mesh if isinstance(mesh, Mesh) else None
-    if not isinstance(check_mesh, Mesh):
-        raise ValueError(
-            "preflight: check_mesh must be a concrete `jax.sharding.Mesh` (the "
-            "step is compiled on it), e.g. `jax.make_mesh((4, 2), names, "
-            f"axis_types=...)` over forced CPU devices; not {check_mesh!r}."
-        )
-    if tuple(check_mesh.axis_names) != tuple(mesh.axis_names) or tuple(
-        check_mesh.axis_types
-    ) != tuple(mesh.axis_types):
-        raise ValueError(
-            f"preflight: check_mesh {_mesh.format_mesh(check_mesh)} must have the "
-            f"axis names and types of mesh {_mesh.format_mesh(mesh)}, in order."
-        )
-    return check_mesh
 
 
 def _annotated(fn: Any, args: tuple, kwargs: dict) -> _derive.AnnotatedJit:
@@ -264,6 +261,7 @@ def _report(
     name: str,
     jitted: Any,
     placed: tuple,
+    given: tuple,
     outputs: Any,
     mesh: Any,
     scheduled: list,
@@ -293,6 +291,19 @@ def _report(
             f"partitioner decides (e.g. {sites}): pass `check_mesh=` (a real mesh "
             "with these axis names) to compile the step there and run them"
         )
+    if AxisType.Auto in tuple(mesh.axis_types):
+        # On Auto axes nothing gives an abstract input its layout: one given
+        # without is placed as annotated, unchecked (issue 36's planted bug).
+        bare = unplaced(signature.arguments(*given), mesh)
+        named = [r.path for r in rows if r.annotated and r.path in bare]
+        if named:
+            not_checked.append(
+                f"the layout of {len(named)} input leaves given without a sharding "
+                "(placed as annotated, so their own layout is not checked; "
+                "`jax.eval_shape` gives none on Auto axes): "
+                + ", ".join(named[:5])
+                + (", ..." if len(named) > 5 else "")
+            )
     unknown = [r.path for r in rows if r.bytes_per_device is None]
     if unknown:
         not_checked.append(
@@ -367,23 +378,3 @@ def _mismatches(head: str, found: list) -> list[str]:
         where = f"{finding.location}: " if finding.location else ""
         lines.append(f"  {i}. {where}{text}.")
     return lines + ([FIX] if fix else [])
-
-
-def _over_budget(head: str, report: PreflightReport) -> list[str]:
-    assert report.hbm_bytes is not None
-    lines = [
-        f"{head}: {format_bytes(report.total_bytes)} per device (arguments "
-        f"{format_bytes(report.argument_bytes)} + outputs "
-        f"{format_bytes(report.output_bytes)}) is over the budget hbm_bytes="
-        f"{format_bytes(report.hbm_bytes)} ({report.hbm_bytes} bytes). Largest "
-        "per device:"
-    ]
-    for leaf in report.largest(5):
-        lines.append(
-            f"  {leaf.path}: {leaf.array}, {format_bytes(leaf.bytes_per_device)}"
-        )
-    lines.append(
-        "Shard the largest over more mesh axes (their annotations, or the rules "
-        "table), or give each device more memory."
-    )
-    return lines
