@@ -123,9 +123,7 @@ def scale_axes(axes: tuple, axis: tuple, keepdims: bool) -> tuple:
 def _weight(key, name: str, mesh, quantised: bool):
     axes, axis, keepdims = AXES[name]
     w = jax.random.normal(key, tuple(SIZES[a] for a in axes))
-    put = lambda x, names: jax.device_put(  # noqa: E731
-        x, NamedSharding(mesh, spec_of_axes(names))
-    )
+    put = lambda x, names: _placed(x, mesh, names)  # noqa: E731
     if not quantised:
         return put(w, axes)
     q = quantize(w, axis, keepdims)
@@ -136,13 +134,20 @@ def _weight(key, name: str, mesh, quantised: bool):
     )
 
 
+def _placed(x: jax.Array, mesh, names: tuple) -> jax.Array:
+    if mesh is None:
+        return x
+    return jax.device_put(x, NamedSharding(mesh, spec_of_axes(names)))
+
+
 def build(mesh, quantised=lambda name, layer: True) -> Weights:
-    """The model, placed by the codebase's own plumbing; `quantised(name, layer)`
-    says which weights are int8 (the others stay float)."""
+    """The model, placed by the codebase's own plumbing (not placed when `mesh`
+    is None: an init function); `quantised(name, layer)` says which weights are
+    int8 (the others stay float)."""
     keys = iter(jax.random.split(jax.random.key(0), 64))
 
     def put(x, *names):
-        return jax.device_put(x, NamedSharding(mesh, spec_of_axes(names)))
+        return _placed(x, mesh, names)
 
     def w(name, layer=None):
         return _weight(next(keys), name, mesh, quantised(name, layer))

@@ -120,6 +120,22 @@ def test_shardings_agree_with_the_codebase(mesh):
     assert gate.scale.sharding.spec == P(None, "model")
 
 
+def test_sharded_init_abstract_and_explain(mesh):
+    """The init function itself (no placement of its own): `sharded_init` lays
+    each leaf out as the codebase would, `abstract` says so without computing,
+    `explain` has a row for every leaf with its spec."""
+    placed = [x.sharding.spec for x in jax.tree_util.tree_leaves(qm.build(mesh))]
+    with jax.set_mesh(mesh), jts.axis_rules(qm.RULES):
+        made = jts.sharded_init(qm.build, None, mesh=mesh)
+        shapes = jts.abstract(qm.build, None, mesh=mesh)
+        rows = jts.explain(made).rows
+    for tree in (made, shapes):
+        specs = [x.sharding.spec for x in jax.tree_util.tree_leaves(tree)]
+        assert specs == placed
+    assert len(rows) == LEAVES
+    assert [r.spec for r in rows] == placed
+
+
 def test_planted_layouts_caught_by_path(mesh):
     weights = qm.build(mesh)
     bad, expected = _planted(weights, mesh)
