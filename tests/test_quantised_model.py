@@ -242,3 +242,30 @@ def test_tree_hint_of_a_union(mesh, checker):
                 assert f"`.{path}`" in reason, reason
             want = "P(None, 'model')" if path == "scale" else "P('data', 'model')"
             assert want in reason, reason
+
+
+def test_preflight_counts_every_quantised_leaf(mesh):
+    """`preflight` of the step on the abstract model: every leaf annotated and
+    counted with the spec the codebase placed it with, int8 values at a byte
+    per element; a planted layout in the abstract tree is refused."""
+    placed = [x.sharding.spec for x in jax.tree_util.tree_leaves(qm.build(mesh))]
+    with jax.set_mesh(mesh), jts.axis_rules(qm.RULES):
+        shapes = jts.abstract(qm.build, None, mesh=mesh)
+        report = jts.preflight(_step, shapes, mesh=mesh)
+        args = [x for x in report.leaves if x.group == "weights"]
+        assert len(args) == LEAVES and all(x.annotated for x in args)
+        assert [x.spec for x in args] == placed
+        quant = next(x for x in args if x.path == "weights.layers[0].mlp.up.quant")
+        assert quant.bytes_per_device == 8 * 8 // 8  # int8, 8-way sharded
+        scale = shapes.layers[0].mlp.up.scale
+        wrong = eqx.tree_at(
+            lambda w: w.layers[0].mlp.up.scale,
+            shapes,
+            jax.ShapeDtypeStruct(scale.shape, scale.dtype, sharding=_put_spec(mesh)),
+        )
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"mlp\.up\.scale"):
+            jts.preflight(_step, wrong, mesh=mesh)
+
+
+def _put_spec(mesh, *spec):
+    return NamedSharding(mesh, P(*spec))

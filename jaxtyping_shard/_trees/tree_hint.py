@@ -128,7 +128,10 @@ class Tree(metaclass=_MetaTree):
     `isinstance(x, Tree[T])` is `isinstance(x, T)` (the origin class for a generic
     alias) and [`jaxtyping_shard.check_tree`][]`(x, T)`: every leaf, with the
     annotations of the fields of the classes inside and of the type arguments
-    (`Tree[dict[str, Float[Array, "e m", P("data")]]]` checks every value).
+    (`Tree[dict[str, Float[Array, "e m", P("data")]]]` checks every value). A
+    union is walked as a field hinted with it is: `Tree[Float[Array, "e m",
+    jts.Logical] | QuantArray]` checks an array as the array member and a
+    `QuantArray` by its fields (see [`jaxtyping_shard.FollowsField`][]).
     beartype and typeguard call it like any class; static type checkers read
     `Tree[T]` as `T`.
     """
