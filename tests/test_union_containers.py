@@ -256,3 +256,25 @@ def test_a_union_field_under_jit_knows_all_its_members(mesh):
         with pytest.raises(jts.ShardingTypeCheckError, match=r"layer\.w"):
             _sum(TwoLayouts(_put(mesh, jnp.ones((8, 4)), "model")))
         _sum(TwoLayouts(_put(mesh, jnp.ones((8, 4)), None, "model")))
+
+
+def test_typed_shard_map_reads_the_followed_layout(mesh):
+    """`typed_shard_map`'s in_specs come from the walk too: the scale (1, m) is
+    split over `model` only; a replicated one is refused before shard_map
+    would move it."""
+
+    @jts.typed_shard_map(mesh=mesh)
+    def dequantize(layer: Layer) -> Float[Array, "e m", P("data", "model")]:
+        return layer.w.value.astype(jnp.float32) * layer.w.scale
+
+    layer = dataclasses.replace(_layer(mesh), either=None)
+    with jax.set_mesh(mesh), jts.axis_rules(RULES):
+        # `bare`'s leaves follow nothing: no spec, said by path.
+        with pytest.raises(jts.ShardingAnnotationError, match=r"\.bare\.value"):
+            dequantize(layer)
+        layer = dataclasses.replace(layer, bare=None)
+        for f in (dequantize, jax.jit(dequantize)):
+            assert f(layer).sharding.spec == P("data", "model")
+        w = Quant(layer.w.value, _put(mesh, layer.w.scale))
+        with pytest.raises(jts.ShardingTypeCheckError, match=r"`layer\.w\.scale`"):
+            dequantize(dataclasses.replace(layer, w=w))
