@@ -4,7 +4,10 @@
 `Optional`, jaxtyping's `PyTree[T]`, unions of sharded annotations);
 `field_hints` reads a class's field annotations, one by one (`reading`: one that
 cannot be read declares nothing), and `typeddict_keys` a `TypedDict`'s;
-`is_annotation_leaf` says where an annotation tree ends.
+`is_annotation_leaf` says where an annotation tree ends. A union holding a
+pytree node gives it the member it is an instance of (`A | QuantArray`: the
+container's class, never `A`), and binds its children's `jts.FollowsField`
+annotations to the union's sharded array members (`follow`).
 """
 
 import collections
