@@ -38,6 +38,7 @@ from ._drivers.reshard import (
 from ._drivers.shard_map import typed_shard_map as typed_shard_map
 from ._drivers.shardings import shardings as shardings
 from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
+from ._layout.follows import FollowsField as FollowsField
 from ._layout.logical import Logical as Logical
 from ._layout.spec import format_spec as format_spec
 from ._report.collectives import (
@@ -152,7 +153,8 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
 __all__ = [
     "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
     "CollectiveBudgetError", "Collectives", "collectives",
-    "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
+    "Explanation", "Float", "FollowsField",
+    "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
     "Like", "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",

@@ -22,7 +22,12 @@ from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_chec
 
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_flags, mode_reader
-from .._layout import notation as _notation, resolve as _resolve, spec as _spec
+from .._layout import (
+    follows as _follows,
+    notation as _notation,
+    resolve as _resolve,
+    spec as _spec,
+)
 from .._layout.logical import is_logical, logical_layout, register_annotation_maker
 from .._layout.validate import spec_layout, validate_spec
 from .._rules.scope import current as _current_rules
@@ -231,7 +236,7 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
         array_type, dim_str = item[0], item[1]
         spec_arg = item[2] if len(item) == 3 else None
         where = f"{cls.__name__}[..., {dim_str!r}, ...]"
-        logical = is_logical(spec_arg)
+        logical = is_logical(spec_arg) or _follows.is_marker(spec_arg)
         if len(item) == 3 and not logical:
             validate_spec(spec_arg, where)
         plain_dim_str, inline = _notation.parse_dims(dim_str, where)
@@ -244,7 +249,19 @@ class _MetaShardedDtype(_JaxtypingDtypeMeta):
             )
         _refuse_sharded_base(array_type, where)
         base = super().__getitem__((array_type, plain_dim_str))
-        if logical:
+        if _follows.is_marker(spec_arg, bound=False):
+            if not (
+                isinstance(base, type) and issubclass(base, jaxtyping.AbstractArray)
+            ):
+                raise ShardingAnnotationError(
+                    f"{where}: FollowsField needs an array type, not "
+                    f"{array_type!r}. Use `jax.Array`."
+                )
+            return _follows.unbound(cls, base, array_type, dim_str)
+        layout: Any = _follows.bound_layout(spec_arg)
+        if layout is not None:
+            pass  # laid out as the field holding its container
+        elif logical:
             layout = logical_layout(plain_dim_str.strip(), spec_arg, where)
         elif spec_arg is not None:
             entries = _spec.entries_of(spec_arg)

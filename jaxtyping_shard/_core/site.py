@@ -103,6 +103,9 @@ class _Naming(threading.local):
     # Set by the tree checks: the function, argument, is-return and key path a
     # leaf is checked as.
     current: Optional[tuple[Optional[str], Optional[str], bool, str]] = None
+    # Set by the tree checks while a leaf is checked against a union's members
+    # one by one: the union (what `find_hints` reads off a checker's frames).
+    hint: Any = None
 
 
 _naming = _Naming()
@@ -123,6 +126,19 @@ def naming(
         yield
     finally:
         _naming.current = previous
+
+
+@contextlib.contextmanager
+def checking_hint(hint: Any) -> Iterator[None]:
+    """Says that the checks in this block are of a value against `hint` (a
+    union whose members a tree check tries one by one): `find_hints` gives it,
+    so that a member's verdict that waits for XLA knows the others."""
+    previous = _naming.hint
+    _naming.hint = hint
+    try:
+        yield
+    finally:
+        _naming.hint = previous
 
 
 def find_site(obj: Any, cls: Any = None) -> Site:
@@ -219,6 +235,8 @@ def find_hints(obj: Any) -> list:
     of several arguments holding `obj` is being checked, so all are returned. If
     jaxtyping or typeguard change these frames, nothing is found.
     """
+    if _naming.hint is not None:
+        return [_naming.hint]  # a tree check's union, tried member by member
     frame = sys._getframe(1)
     child = None
     for _ in range(64):  # a check sits a few frames below its checker

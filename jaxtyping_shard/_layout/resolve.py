@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 from .._core.errors import ShardingAnnotationError
 from .._rules.table import AxisRules, Candidate, format_candidate
-from . import conflicts as _conflicts, spec as _spec
+from . import conflicts as _conflicts, follows as _follows, spec as _spec
 from .spec import LogicalLayout
 
 
@@ -57,6 +57,8 @@ def resolve(
     the stack and a physical layout name.
     """
     ndim = shape if isinstance(shape, int) else len(shape)
+    if isinstance(layout, _follows.FollowsLayout):
+        return resolve(_followed(layout, shape), shape, mesh, rules, where, lead)
     held = _conflicts.held_axes(lead)
     if isinstance(layout, _spec.Layout):
         entries = layout.entries(ndim)
@@ -66,6 +68,22 @@ def resolve(
         return entries
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
     return _resolve(layout, shape, axes, rules_for(layout, axes, rules), where, held)
+
+
+def _followed(
+    layout: "_follows.FollowsLayout", shape: Shape
+) -> Union[LogicalLayout, _spec.Layout]:
+    """What a leaf bound to a field's annotation (`jts.FollowsField`) asks for:
+    the field's names or entries lined up with the leaf's dims (`follows.align`)."""
+    ndim = shape if isinstance(shape, int) else len(shape)
+    sizes = None if isinstance(shape, int) else tuple(shape)
+    field, rank = layout.field, layout.rank(ndim)
+    if isinstance(field, _spec.Layout):
+        entries = field.entries(rank)
+        entries = entries + ((),) * (rank - len(entries))
+        return _spec.Layout(_follows.align(entries, ndim, sizes, ()), (), layout.text)
+    names = _follows.align(field.names(rank), ndim, sizes, None)
+    return LogicalLayout(names, (), False, layout.text, field.direct, field.used)
 
 
 def pending(
@@ -140,6 +158,8 @@ def depends_on_shape(
     """Whether `resolve` may give another answer with the shape than with the
     rank alone: a logical layout under rules that test divisibility (a name with
     several candidates, or `conflicts="fallback"`)."""
+    if isinstance(layout, _follows.FollowsLayout):
+        return True  # a dim of size 1 is replicated
     if not isinstance(layout, LogicalLayout):
         return False
     rules = rules_for(layout, None, rules)
@@ -162,6 +182,8 @@ def physical_layout(
 ) -> _spec.Layout:
     """`resolve`, as a `_spec.Layout` whose text says where the spec came from."""
     entries = resolve(layout, shape, mesh, rules, where)
+    if isinstance(layout, _follows.FollowsLayout):
+        return _followed_layout(layout, entries, rules)
     ndim = shape if isinstance(shape, int) else len(shape)
     names = [n for n in layout.names(ndim) if n is not None]
     names += [n for group in layout.pending for n in group]  # `unreduced=` too
@@ -181,6 +203,23 @@ def physical_layout(
         shown = _spec.format_spec(_spec.make_spec(entries, unreduced, reduced))
     text = f"{shown} (from {layout.text} {how}{_short_metadata(layout, ndim)})"
     return _spec.Layout(entries, (), text, unreduced, reduced)
+
+
+def _followed_layout(
+    layout: "_follows.FollowsLayout", entries: _spec.Entries, rules: Any
+) -> _spec.Layout:
+    how = ""
+    field = layout.field
+    if isinstance(field, LogicalLayout):
+        names = [n for n in field.names(layout.rank(len(entries))) if n is not None]
+        shown = rules_for(field, None, rules)
+        if shown is not None:
+            how = f" by the axis rules {shown.describe(only=names)}"
+    text = (
+        f"{_spec.format_entries(entries)} (following {layout.text}{how}: its dims "
+        "lined up from the right, a dim of size 1 replicated)"
+    )
+    return _spec.Layout(entries, (), text)
 
 
 def _short_metadata(layout: LogicalLayout, ndim: int) -> str:
@@ -228,8 +267,10 @@ def check_resolvable(
     rule naming an axis `mesh` lacks, two dims on one axis under
     `conflicts="error"` when every name has one candidate. (With fallback lists
     a shape may resolve a conflict the rank alone cannot: left to the check.)"""
-    if not isinstance(layout, LogicalLayout):
-        return
+    if not isinstance(layout, LogicalLayout) or isinstance(
+        layout, _follows.FollowsLayout
+    ):
+        return  # a leaf following a field: resolved with the leaf's shape
     axes = None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
     rules = rules_for(layout, axes, rules)
     names = layout.names(layout.min_rank)

@@ -4,7 +4,10 @@
 `Optional`, jaxtyping's `PyTree[T]`, unions of sharded annotations);
 `field_hints` reads a class's field annotations, one by one (`reading`: one that
 cannot be read declares nothing), and `typeddict_keys` a `TypedDict`'s;
-`is_annotation_leaf` says where an annotation tree ends.
+`is_annotation_leaf` says where an annotation tree ends. A union holding a
+pytree node gives it the member it is an instance of (`A | QuantArray`: the
+container's class, never `A`), and binds its children's `jts.FollowsField`
+annotations to the union's sharded array members (`follow`).
 """
 
 import collections
@@ -167,6 +170,11 @@ def child_hints(node: Any, kids: list, hint: Any, where: tuple, problems: list) 
     hint for `node` itself; a node the hint does not fit goes to `problems` as
     `(where, reason)`, and its children take their fields' hints."""
     hint = strip(hint)
+    if typing.get_origin(hint) in UNION_TYPES:
+        # `A | QuantArray` holding a container: the container's class, not `A`.
+        member = _union_member(node, kids, _containers(hint))
+        if member is not None:
+            return follow(child_hints(node, kids, member, where, problems), hint)
     if isinstance(hint, PyTreeMeta) or leaf_annotation(hint) is not None:
         return [hint] * len(kids)  # applies to every leaf below
     if is_typeddict(hint):
@@ -191,9 +199,7 @@ def child_hints(node: Any, kids: list, hint: Any, where: tuple, problems: list) 
     elif origin in MAPPINGS and len(args) == 2:
         return [args[1]] * len(kids)
     elif origin in UNION_TYPES:
-        member = _union_member(node, kids, hint)
-        if member is not None:
-            return child_hints(node, kids, member, where, problems)
+        pass  # no member the node is an instance of: its fields' hints
     elif not_the_class(node, hint):
         problems.append((where, _not_the_class(node, hint)))
         return [None] * len(kids)
@@ -263,11 +269,43 @@ def _typeddict_hints(
     return [fields.get(k) for k in keys]
 
 
-def _union_member(node: Any, kids: list, hint: Any) -> Any:
-    """The member of a union that `node` is an instance of, preferring one whose
-    shape fits (a tuple of its length, a TypedDict with its keys)."""
+def _containers(union: Any) -> tuple:
+    """A union's members that may be pytree nodes: not array annotations (whose
+    `isinstance` would bind jaxtyping's dims), not `PyTree[...]`, not None."""
+    out = []
+    for member in typing.get_args(union):
+        bare = strip(member)
+        if bare is None or bare is type(None) or isinstance(bare, PyTreeMeta):
+            continue
+        if isinstance(bare, type) and issubclass(bare, jaxtyping.AbstractArray):
+            continue
+        out.append(member)
+    return tuple(out)
+
+
+def follow(hints: list, union: Any) -> list:
+    """The children's hints of a container held by a field hinted `union`: each
+    `jts.FollowsField` annotation bound to the union's sharded array members (a
+    union of them if several); unchanged where the union has none."""
+    arrays = [m for m in map(strip, typing.get_args(union)) if hasattr(m, "_jts")]
+    if not arrays:
+        return hints
+    out = []
+    for hint in hints:
+        bind = getattr(strip(hint), "_jts_follows_bind", None)
+        if bind is not None:
+            bound = [bind(m) for m in arrays]
+            hint = bound[0] if len(bound) == 1 else typing.Union[tuple(bound)]
+        out.append(hint)
+    return out
+
+
+def _union_member(node: Any, kids: list, members: tuple) -> Any:
+    """The member (of a union's `members`) that `node` is an instance of,
+    preferring one whose shape fits (a tuple of its length, a TypedDict with its
+    keys)."""
     first = None
-    for member in typing.get_args(hint):
+    for member in members:
         bare = strip(member)
         cls = dict if is_typeddict(bare) else typing.get_origin(bare) or bare
         try:

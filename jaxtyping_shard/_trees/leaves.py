@@ -143,7 +143,8 @@ def _reason(checker: Any, leaf: Any, one: Any = None) -> str:
     check = one or (lambda annotation, value: annotation.__instancecheck_str__(value))
     members = sharded_members(checker) if not hasattr(checker, "_jts") else ()
     if members:
-        reasons = [check(m, leaf) for m in members]
+        with _site.checking_hint(checker):  # a verdict left to XLA knows them all
+            reasons = [check(m, leaf) for m in members]
         return "" if "" in reasons else reasons[0]
     return check(checker, leaf)
 

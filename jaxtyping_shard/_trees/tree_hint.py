@@ -11,8 +11,11 @@ Static type checkers see `Tree[T]` as `T` (see `_annotation.indirection`).
 import typing
 from typing import Any
 
+import jaxtyping
+
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import current_mode
+from .._layout.spec import UNION_TYPES
 from . import (
     check_tree as _check_tree,
     hints as _hints,
@@ -29,15 +32,18 @@ class _MetaTree(type):
     def __getitem__(cls, hint: Any) -> Any:
         if cls._jts_hint is not None:
             raise ShardingAnnotationError(f"{cls.__name__} is already subscripted.")
-        origin = typing.get_origin(hint) or hint
-        if _hints.is_typeddict(origin):
-            origin = dict  # a TypedDict's values are dicts; it refuses `isinstance`
-        if not isinstance(origin, type):
+        origin: Any = _class_of(hint)
+        if typing.get_origin(hint) in UNION_TYPES:
+            # `Tree[A | QuantArray]`: either member, walked as the union (`hints`).
+            origin = tuple(_class_of(m) for m in typing.get_args(hint))
+            if not all(isinstance(m, type) for m in origin):
+                origin = None
+        if not isinstance(origin, (type, tuple)):
             raise ShardingAnnotationError(
                 f"Tree[...] takes a class or a generic alias such as `Mlp` or "
                 f"`dict[str, Float[Array, 'e m', P('data')]]`, not {hint!r}."
             )
-        shown = getattr(hint, "__qualname__", None) or repr(hint)
+        shown = getattr(hint, "__qualname__", None) or repr(hint).replace("typing.", "")
         name = f"Tree[{shown}]"
         out = _MetaTree(name, (), {"_jts_hint": hint, "_jts_class": origin})
         out.__module__ = "jaxtyping_shard"
@@ -83,6 +89,18 @@ class _MetaTree(type):
         return f"jaxtyping_shard.{cls.__name__}"
 
 
+def _class_of(hint: Any) -> Any:
+    """The class `isinstance` tests for a hint (a generic alias's origin)."""
+    origin = typing.get_origin(hint) or hint
+    if isinstance(origin, type) and issubclass(origin, jaxtyping.AbstractArray):
+        # The array type alone: the annotation's own check comes with the walk.
+        kind = origin.array_type
+        return kind if isinstance(kind, type) else object
+    if _hints.is_typeddict(origin):
+        return dict  # a TypedDict's values are dicts; it refuses `isinstance`
+    return type(None) if origin is None else origin
+
+
 class Tree(metaclass=_MetaTree):
     """A type hint for a whole tree, every leaf checked: `model: Tree[Mlp]`.
 
@@ -110,7 +128,10 @@ class Tree(metaclass=_MetaTree):
     `isinstance(x, Tree[T])` is `isinstance(x, T)` (the origin class for a generic
     alias) and [`jaxtyping_shard.check_tree`][]`(x, T)`: every leaf, with the
     annotations of the fields of the classes inside and of the type arguments
-    (`Tree[dict[str, Float[Array, "e m", P("data")]]]` checks every value).
+    (`Tree[dict[str, Float[Array, "e m", P("data")]]]` checks every value). A
+    union is walked as a field hinted with it is: `Tree[Float[Array, "e m",
+    jts.Logical] | QuantArray]` checks an array as the array member and a
+    `QuantArray` by its fields (see [`jaxtyping_shard.FollowsField`][]).
     beartype and typeguard call it like any class; static type checkers read
     `Tree[T]` as `T`.
     """
