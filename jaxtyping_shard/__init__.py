@@ -11,6 +11,7 @@ from ._annotation.jaxtyped import jaxtyped as jaxtyped
 from ._annotation.used import Used as Used
 from ._core.errors import (
     CollectiveBudgetError as CollectiveBudgetError,
+    ForbiddenCollectiveError as ForbiddenCollectiveError,
     PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
@@ -39,6 +40,7 @@ from ._drivers.shardings import shardings as shardings
 from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
 from ._layout.logical import Logical as Logical
 from ._layout.spec import format_spec as format_spec
+from ._report.no_comm import no_collectives as no_collectives
 from ._report.collectives import (
     Collectives as Collectives,
     collectives as collectives,
@@ -150,7 +152,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
 __all__ = [
     "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
     "CollectiveBudgetError", "Collectives", "collectives",
-    "Explanation", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
+    "Explanation", "ForbiddenCollectiveError", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
     "Like", "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
@@ -161,7 +163,8 @@ __all__ = [
     "axis_rules", "check_tree", "einsum", "explain", "filter_jit", "flax_rules",
     "format_spec", "fsdp",
     "get_axis_rules",
-    "get_mode", "jaxtyped", "jit", "local_rows", "out_sharding", "place",
+    "get_mode", "jaxtyped", "jit", "local_rows", "no_collectives", "out_sharding",
+    "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
 ]  # fmt: skip
