@@ -40,13 +40,13 @@ from ._drivers.shardings import shardings as shardings
 from ._layout.bridge import sharding_of as sharding_of, spec_of as spec_of
 from ._layout.logical import Logical as Logical
 from ._layout.spec import format_spec as format_spec
-from ._report.no_comm import no_collectives as no_collectives
 from ._report.collectives import (
     Collectives as Collectives,
     collectives as collectives,
 )
 from ._report.explain import explain as explain, Explanation as Explanation
 from ._report.memory import PreflightReport as PreflightReport
+from ._report.no_comm import no_collectives as no_collectives
 from ._report.preflight import preflight as preflight
 from ._rules.scope import (
     axis_rules as axis_rules,
@@ -152,7 +152,8 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
 __all__ = [
     "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
     "CollectiveBudgetError", "Collectives", "collectives",
-    "Explanation", "ForbiddenCollectiveError", "Float", "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
+    "Explanation", "ForbiddenCollectiveError", "Float", "Float8e4m3b11fnuz",
+    "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
     "Like", "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",

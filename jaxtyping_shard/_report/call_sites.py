@@ -63,36 +63,51 @@ class CallSite:
         return said
 
 
-def _common(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def chain(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """A stack's user frames as the rule reads them: each frame once, where it
+    first appears (innermost). JAX repeats the frames of a nested trace
+    (`a, b, c, a, b, c, d` under `value_and_grad` and `scan`): the same call."""
+    seen: set[Frame] = set()
+    out = []
+    for frame in frames:
+        if frame not in seen:
+            seen.add(frame)
+            out.append(frame)
+    return tuple(out) if len(out) < len(frames) else frames
 
 
 def depths(chains: Iterable[tuple[Frame, ...]]) -> dict[tuple[Frame, ...], int]:
     """For each distinct chain (innermost first), how many of its frames make
-    its call site: one more than the longest inner run it shares with another
-    chain, at most all of it. Sorted, the chain sharing the longest run with
-    one is a neighbour of it."""
-    distinct = sorted(
-        set(chains), key=lambda c: [(f.file, f.line, f.function) for f in c]
-    )
+    its call site: one more than the longest inner run after which some other
+    chain goes on to another frame, at most all of it. A chain that stops where
+    another goes on differs from it in nothing (JAX keeps some stacks cut
+    short, inside nested traces): only a frame that differs tells sites apart.
+    """
+    distinct = set(chains)
+    nodes: dict[tuple[int, Frame], int] = {}  # (inner run, next frame): a run
+    branching: set[int] = set()  # runs followed by several frames
+    followers: dict[int, Frame] = {}
+    for chain in distinct:
+        node = 0  # the empty run
+        for frame in chain:
+            seen = followers.setdefault(node, frame)
+            if seen != frame:
+                branching.add(node)
+            node = nodes.setdefault((node, frame), len(nodes) + 1)
     out = {}
-    for i, chain in enumerate(distinct):
-        shared = 0
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(distinct):
-                shared = max(shared, _common(chain, distinct[j]))
-        out[chain] = max(1, min(len(chain), shared + 1))
+    for chain in distinct:
+        node, depth = 0, 1
+        for k, frame in enumerate(chain):
+            if k and node in branching:
+                depth = k + 1
+            node = nodes[(node, frame)]
+        out[chain] = depth
     return out
 
 
 def site(source: Source, depth: int, resolver: Resolver) -> CallSite:
     """The call site of `source` made of its `depth` innermost user frames."""
-    frames = source.frames
+    frames = chain(source.frames)
     if not frames or depth <= 1:
         return CallSite(
             source.file,
@@ -107,12 +122,17 @@ def site(source: Source, depth: int, resolver: Resolver) -> CallSite:
     outer = frames[depth - 1]
     text, where = resolver.line(outer.file, outer.line)
     helpers = frames[: depth - 1]
+    # The nearest annotated function around the site, where known: not one of
+    # the helpers inside it.
+    annotated = source.annotated
+    if annotated is not None and any(f.function == annotated for f in helpers):
+        annotated = None
     return CallSite(
         os.path.basename(outer.file),
         outer.line,
         text,
         outer.function,
-        source.annotated,
+        annotated,
         where,
         helpers,
         tuple(resolver.line(f.file, f.line)[1] for f in helpers),
@@ -126,9 +146,12 @@ def assign(
     over every part of the report and every stack of the program (`stacks`,
     all frames: so that a helper is a helper by how the program calls it, not
     by which of its calls communicate)."""
-    chains = [resolver.user(s) for s in stacks]
+    chains = [chain(resolver.user(s)) for s in stacks]
     chains += [
-        p.source.frames for row in rows for p in row.parts if p.source is not None
+        chain(p.source.frames)
+        for row in rows
+        for p in row.parts
+        if p.source is not None
     ]
     found = depths(chains)
     out = []
@@ -137,7 +160,7 @@ def assign(
             p
             if p.source is None
             else p._replace(
-                site=site(p.source, found.get(p.source.frames, 1), resolver)
+                site=site(p.source, found.get(chain(p.source.frames), 1), resolver)
             )
             for p in row.parts
         )
