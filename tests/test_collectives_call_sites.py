@@ -185,6 +185,10 @@ def test_the_rule_on_chains():
     # nothing from the whole one: neither tells a site apart.
     short, long = frames(7, 99), frames(7, 99, 100)
     assert call_sites.depths([short, long]) == {short: 1, long: 1}
+    # A nested trace's stack joined to the step's line, skipping the frames
+    # between (the backward pass of a scan's body): the same call.
+    forward, backward = frames(73, 98, 180, 181, 68, 1), frames(73, 98, 180, 68, 1)
+    assert call_sites.depths([forward, backward]) == {forward: 1, backward: 1}
     cut = frames(10, 20)  # the first helper's chain, cut short: still site 20
     assert call_sites.depths([helper, via_helper, cut])[helper] == 2
 

@@ -3,9 +3,9 @@ when the line that made it is a helper's, shared by several callers.
 
 The rule: each part of a report has the chain of the user's frames its operand
 was made under, innermost first (`Source.frames`). Its call site is the
-shortest inner run of that chain that no other chain of the program (those of
-every op of the compiled module, not only of the collectives) differs from
-further out: the innermost frame when no other chain passes through it; a
+shortest inner run of that chain after which no other chain of the program
+(those of every op of the compiled module, not only of the collectives) goes
+on to another caller: the innermost frame when no other chain passes through it; a
 helper's line (`return jnp.einsum(...)` in `dense`) used from six lines gives
 six call sites, each the frame calling the helper (or, for a helper called
 through another helper, the first frame out where the chains part). Frames
@@ -78,31 +78,42 @@ def chain(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 
 def depths(chains: Iterable[tuple[Frame, ...]]) -> dict[tuple[Frame, ...], int]:
     """For each distinct chain (innermost first), how many of its frames make
-    its call site: one more than the longest inner run after which some other
-    chain goes on to another frame, at most all of it. A chain that stops where
-    another goes on differs from it in nothing (JAX keeps some stacks cut
-    short, inside nested traces): only a frame that differs tells sites apart.
+    its call site: one more than the longest inner run it shares with another
+    chain that goes on to another frame, at most all of it.
+
+    Only a caller that differs tells sites apart: a chain that stops where
+    another goes on, or that goes on to a frame further out in the other
+    (JAX keeps some stacks cut short, and joins the stack of a nested trace,
+    a scan's body, to the stack of where it was used: the forward pass's, or
+    the step's line where the backward pass was made), is the same call.
     """
-    distinct = set(chains)
-    nodes: dict[tuple[int, Frame], int] = {}  # (inner run, next frame): a run
-    branching: set[int] = set()  # runs followed by several frames
-    followers: dict[int, Frame] = {}
-    for chain in distinct:
-        node = 0  # the empty run
-        for frame in chain:
-            seen = followers.setdefault(node, frame)
-            if seen != frame:
-                branching.add(node)
-            node = nodes.setdefault((node, frame), len(nodes) + 1)
-    out = {}
-    for chain in distinct:
-        node, depth = 0, 1
-        for k, frame in enumerate(chain):
-            if k and node in branching:
-                depth = k + 1
-            node = nodes[(node, frame)]
-        out[chain] = depth
+    groups: dict[Frame, list[tuple[Frame, ...]]] = {}
+    for chain in set(chains):
+        if chain:
+            groups.setdefault(chain[0], []).append(chain)
+    out: dict[tuple[Frame, ...], int] = {}
+    for group in groups.values():
+        frames = [set(c) for c in group]
+        for i, chain in enumerate(group):
+            depth = 1
+            for j, other in enumerate(group):
+                shared = _common(chain, other)
+                if shared >= min(len(chain), len(other)):
+                    continue  # one stops where the other goes on
+                if chain[shared] in frames[j] or other[shared] in frames[i]:
+                    continue  # a frame skipped, not another caller
+                depth = max(depth, shared + 1)
+            out[chain] = depth
     return out
+
+
+def _common(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def site(source: Source, depth: int, resolver: Resolver) -> CallSite:

@@ -116,6 +116,9 @@ class no_collectives:
         )
 
 
+no_collectives.__module__ = "jaxtyping_shard"
+
+
 def axes(op_name: str) -> frozenset[str]:
     """The axes the `no_collectives` blocks around an op forbid, from its name."""
     found: set[str] = set()
