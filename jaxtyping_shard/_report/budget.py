@@ -1,14 +1,16 @@
 """The budget of a report of collectives: selections, the baseline file, the
 checks, and the table.
 
-The baseline is a JSON file with one entry per (kind, mesh axes, source line,
-annotated function): how many arrays that line makes a collective move per
-call, and how many bytes. A line is named by its file's name and its stripped
-text (`model.py: q = project(x, ...)`), with `#k` when the same text is the
-k-th of several in that file, never by its number, so that an edit above it
-changes nothing. What XLA decides on its own (which collectives to merge, their
-order, their names) is not in the file, so it is the same on Explicit and Auto
-meshes and on any number of processes when the program is the same.
+The baseline is a JSON file with one entry per (kind, mesh axes, call site,
+annotated function): how many arrays that site makes a collective move per
+call, and how many bytes (a site: its line and the helpers' lines inside it,
+`call_sites.py`; a merged collective's parts each counted at their own site).
+A line is named by its file's name and its stripped text (`model.py: q =
+project(x, ...)`), with `#k` when the same text is the k-th of several in that
+file, never by its number, so that an edit above it changes nothing. What XLA
+decides on its own (which collectives to merge, their order, their names) is
+not in the file, so it is the same on Explicit and Auto meshes and on any
+number of processes when the program is the same.
 """
 
 import json
