@@ -233,9 +233,14 @@ def step(x, w1, w2):
     assert "1. grown: all-reduce over data at prog.py:" in text
     assert "site b" in text and "site a" not in text
     assert "2." not in text.split("\n", 1)[1].split("If the change")[0]
-    if merged:  # XLA's combiner on CPU merges the two: the case of the issue
-        assert merged[0].sites and len(merged[0].sites) == 2
-        assert "merged by XLA from 2 lines" in str(report)
+    # XLA's all-reduce combiner (on CPU too) merged the two: the issue's case.
+    (row,) = merged
+    assert len(row.sites) == 2 and len(row.parts) == 2
+    assert "merged by XLA from 2 lines" in str(report)
+    (grown_row,) = [r for r in grown.rows if r.merged]  # merged again, grown
+    assert {p.site.text: p.bytes for p in grown_row.parts}[
+        "b = dense(x, w2)  # site b"
+    ] == 2 * shares["b = dense(x, w2)  # site b"]
 
 
 def test_a_format_1_baseline_is_read_by_line(tmp_path):
