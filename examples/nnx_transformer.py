@@ -136,6 +136,26 @@ def make_mesh(kind):
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis,) * 2)
 
 
+BASELINE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "nnx_collectives.json"
+)
+
+
+def collectives(kind="explicit", rules=RULES):
+    """The step's collectives, each at its call site (one compile, nothing run),
+    held to `nnx_collectives.json` by the tests; `python
+    examples/nnx_transformer.py --update-collectives` rewrites this JAX
+    release's section of it."""
+    mesh = make_mesh(kind)
+    with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
+        with jax.set_mesh(mesh):
+            model = jts.sharded_init(lambda: Model(nnx.Rngs(0)), mesh=mesh)
+            optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+            data = jax.random.randint(jax.random.key(1), (8, 17), 0, VOCAB)
+            tokens = jts.place(data, Tokens, mesh)
+            return jts.collectives(train_step, model, optimizer, tokens)
+
+
 def train(kind="explicit", steps=3, rules=RULES):
     mesh = make_mesh(kind)
     with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
@@ -148,7 +168,12 @@ def train(kind="explicit", steps=3, rules=RULES):
 
 
 if __name__ == "__main__":
+    import sys
+
+    if "--update-collectives" in sys.argv:
+        collectives().save(BASELINE)
     for kind in ("explicit", "auto"):
+        collectives(kind).check(BASELINE)
         losses = train(kind)
         assert losses[-1] < losses[0], losses
         print(f"{kind}: loss {losses[0]:.3f} -> {losses[-1]:.3f}")

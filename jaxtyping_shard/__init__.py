@@ -11,6 +11,7 @@ from ._annotation.jaxtyped import jaxtyped as jaxtyped
 from ._annotation.used import Used as Used
 from ._core.errors import (
     CollectiveBudgetError as CollectiveBudgetError,
+    ForbiddenCollectiveError as ForbiddenCollectiveError,
     PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
@@ -47,6 +48,7 @@ from ._report.collectives import (
 )
 from ._report.explain import explain as explain, Explanation as Explanation
 from ._report.memory import PreflightReport as PreflightReport
+from ._report.no_comm import no_collectives as no_collectives
 from ._report.preflight import preflight as preflight
 from ._rules.scope import (
     axis_rules as axis_rules,
@@ -153,7 +155,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - not installed
 __all__ = [
     "AxisRules", "BFloat16", "Bool", "Complex", "Complex64", "Complex128",
     "CollectiveBudgetError", "Collectives", "collectives",
-    "Explanation", "Float", "FollowsField",
+    "Explanation", "Float", "FollowsField", "ForbiddenCollectiveError",
     "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
@@ -166,7 +168,7 @@ __all__ = [
     "format_spec", "fsdp",
     "get_axis_rules",
     "get_mode", "jaxtyped", "jit", "local_rows", "logical_specs", "nnx_jit",
-    "out_sharding", "place",
+    "no_collectives", "out_sharding", "place",
     "place_for", "preflight", "reshard", "set_axis_rules", "set_mode", "sharded_init",
     "sharding_errors", "sharding_of", "shardings", "spec_of", "typed_shard_map",
 ]  # fmt: skip

@@ -75,7 +75,7 @@ def test_baseline_holds_lines_by_text_not_number(tmp_path, mesh):
     report.save(path)
     text = path.read_text()
     data = json.loads(text)
-    assert data["format"] == "jaxtyping_shard collectives baseline 1"
+    assert data["format"] == "jaxtyping_shard collectives baseline 2"
     assert data["function"] == "step"
     section = data["jax"][jax.__version__]
     assert section["mesh"] == {"data": 4, "model": 2}

@@ -116,6 +116,16 @@ def test_reference_step_matches_its_baseline_and_is_explained(kind):
         if source.text not in docs
     }
     assert not missing, f"docs/collectives.md does not explain {sorted(missing)}"
+    # And every call site (a helper's callers: `q = project(x, attn.wq)`, ...).
+    sites = {site.text for row in report.rows for site in row.sites}
+    if compat.hlo_stack_frames_usable():  # JAX 0.8: a site is the op's line
+        assert sites - {s.text for r in report.rows for s in r.sources}
+    unsaid = {
+        text for text in sites if " ".join(text.split()) not in " ".join(docs.split())
+    }
+    assert not unsaid, (
+        f"docs/collectives.md does not name the call sites {sorted(unsaid)}"
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -300,3 +300,20 @@ def pending_axes_missing(kinds: tuple[str, ...]) -> str:
         "newer have both `unreduced=` and `reduced=`. Upgrade JAX, or annotate the "
         "layout without them."
     )
+
+
+def no_collectives_state() -> Any:
+    """JAX's `jax.sharding.no_collectives` (a config state, a context manager
+    when called with a set of axes): from JAX 0.12, which raises at trace time
+    at an op that would communicate over one of them on Explicit axes. None
+    before."""
+    return getattr(jax.sharding, "no_collectives", None)
+
+
+def is_forbidden_collective(error: BaseException) -> bool:
+    """Whether `error` is JAX's `ForbiddenCollectiveError` (JAX 0.12: what
+    `no_collectives` raises). By class name: JAX does not export the class."""
+    return any(
+        t.__name__ == "ForbiddenCollectiveError" and t.__module__.startswith("jax")
+        for t in type(error).__mro__
+    )

@@ -49,6 +49,18 @@ class CollectiveBudgetError(AssertionError):
     """
 
 
+class ForbiddenCollectiveError(Exception):
+    """An op that would communicate over a mesh axis that
+    [`jaxtyping_shard.no_collectives`][] forbids there.
+
+    Raised at trace time, at the op, where JAX can tell (JAX >= 0.12 and
+    Explicit axes): the message names the op's line, its callers up to the
+    `no_collectives` block, and the axis, and JAX's own error is its cause.
+    Elsewhere the report of collectives finds the collective
+    (`Collectives.check` raises a `CollectiveBudgetError` naming its line).
+    """
+
+
 class ShardingWarning(UserWarning):
     """A sharding mismatch reported in mode `"warn"`, instead of an error.
 

@@ -1,14 +1,16 @@
 """The budget of a report of collectives: selections, the baseline file, the
 checks, and the table.
 
-The baseline is a JSON file with one entry per (kind, mesh axes, source line,
-annotated function): how many arrays that line makes a collective move per
-call, and how many bytes. A line is named by its file's name and its stripped
-text (`model.py: q = project(x, ...)`), with `#k` when the same text is the
-k-th of several in that file, never by its number, so that an edit above it
-changes nothing. What XLA decides on its own (which collectives to merge, their
-order, their names) is not in the file, so it is the same on Explicit and Auto
-meshes and on any number of processes when the program is the same.
+The baseline is a JSON file with one entry per (kind, mesh axes, call site,
+annotated function): how many arrays that site makes a collective move per
+call, and how many bytes (a site: its line and the helpers' lines inside it,
+`call_sites.py`; a merged collective's parts each counted at their own site).
+A line is named by its file's name and its stripped text (`model.py: q =
+project(x, ...)`), with `#k` when the same text is the k-th of several in that
+file, never by its number, so that an edit above it changes nothing. What XLA
+decides on its own (which collectives to merge, their order, their names) is
+not in the file, so it is the same on Explicit and Auto meshes and on any
+number of processes when the program is the same.
 """
 
 import json
@@ -20,12 +22,16 @@ import jax
 
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
-from . import hlo as _hlo
+from . import call_sites as _sites, hlo as _hlo, no_comm as _no_comm
 from .table import branches, NO_SOURCE
 from .text import format_bytes
 
 
-FORMAT = "jaxtyping_shard collectives baseline 1"
+FORMAT = "jaxtyping_shard collectives baseline 2"
+# Format 1 (before call sites): entries keyed by the line that made the operand.
+# Still read: its sections are marked `"keyed": "line"` and judged so.
+_FORMAT_1 = "jaxtyping_shard collectives baseline 1"
+_BY_LINE = "line"
 _UPDATE = (
     "If the change is meant, rewrite the baseline: `pytest --update-collectives` "
     "(the `check_collectives` fixture), or `report.save({path!r})`."
@@ -117,30 +123,45 @@ def at_most(rows: Iterable[Any], value: Any, depth: int = 0) -> tuple[int, int]:
     return first, second
 
 
-def entries(report: Any) -> dict[tuple, dict]:
-    """The baseline's entries of a report, by key."""
+def _key(row: Any, part: Any, legacy: bool = False) -> tuple:
+    """A part's baseline key: kind, axes, its call site's line, the helpers'
+    lines inside it (outermost first), and the annotated function (or the
+    one holding the line). `legacy`: as baselines of format 1 key it, by the
+    line that made the operand (its innermost user frame)."""
+    found = part.source if legacy else _sites.of(part)
+    if found is None:
+        return (row.kind, row.over, NO_SOURCE, (), "")
+    path = (found.where,) if legacy else _sites.key(part)
+    return (row.kind, row.over, path[0], path[1:], found.annotated or found.function)
+
+
+def entries(report: Any, legacy: bool = False) -> dict[tuple, dict]:
+    """The baseline's entries of a report, by key (`_key`)."""
     out: dict[tuple, dict] = {}
     for row in report.rows:
         runs = row.executions
         for part in row.parts:
-            source = part.source
-            where = NO_SOURCE if source is None else source.where
-            function = "" if source is None else source.annotated or source.function
-            key = (row.kind, row.over, where, function)
-            entry = out.setdefault(
-                key,
-                {
-                    "kind": row.kind,
-                    "over": row.over,
-                    "where": where,
-                    "in": function,
-                    "arrays": 0,
-                    "bytes": 0,
-                },
-            )
+            key = _key(row, part, legacy)
+            kind, over, where, via, function = key
+            entry = out.get(key)
+            if entry is None:
+                entry = out[key] = {"kind": kind, "over": over, "where": where}
+                if via:
+                    entry["via"] = list(via)
+                entry.update({"in": function, "arrays": 0, "bytes": 0})
             entry["arrays"] += runs
             entry["bytes"] += part.bytes
     return dict(sorted(out.items()))
+
+
+def _entry_key(entry: dict) -> tuple:
+    return (
+        entry["kind"],
+        entry["over"],
+        entry["where"],
+        tuple(entry.get("via", ())),
+        entry["in"],
+    )
 
 
 def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
@@ -185,23 +206,28 @@ def load(path: Union[str, "os.PathLike[str]"]) -> dict:
         data = json.load(file)
     if (
         not isinstance(data, dict)
-        or data.get("format") != FORMAT
+        or data.get("format") not in (FORMAT, _FORMAT_1)
         or not isinstance(data.get("jax"), dict)
     ):
         raise ValueError(
             f"{os.fspath(path)} is not a baseline of collectives ({FORMAT!r}, "
             "written by `Collectives.save`)"
         )
+    if data["format"] == _FORMAT_1:
+        for section in data["jax"].values():
+            if isinstance(section, dict):
+                section.setdefault("keyed", _BY_LINE)
     return data
 
 
-def _at(report: Any, key: tuple) -> str:
+def _at(report: Any, key: tuple, legacy: bool = False) -> str:
     """The line of a key as it is now: `model.py:111 in `f`: text`."""
     for row in report.rows:
         for part in row.parts:
-            source = part.source
-            if source is not None and (row.kind, row.over, source.where) == key[:3]:
-                return str(source) + branches(row)
+            found = _key(row, part, legacy)
+            if found[:4] == key[:4] and found[2] != NO_SOURCE:
+                where = part.source if legacy else _sites.of(part)
+                return str(where) + branches(row)
     return key[2]
 
 
@@ -222,9 +248,8 @@ def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
             f"section with `report.save({os.fspath(path)!r})` or "
             "`pytest --update-collectives`"
         ]
-    old = {
-        (e["kind"], e["over"], e["where"], e["in"]): e for e in section["collectives"]
-    }
+    legacy = section.get("keyed") == _BY_LINE
+    old = {_entry_key(e): e for e in section["collectives"]}
     problems = []
     now_mesh = _mesh.sizes(report.mesh) if report.mesh is not None else {}
     if section.get("mesh") != now_mesh:
@@ -232,8 +257,8 @@ def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
             f"the baseline was taken on mesh {section.get('mesh')}, this report on "
             f"{now_mesh}"
         )
-    for key, entry in entries(report).items():
-        line = _at(report, key)
+    for key, entry in entries(report, legacy).items():
+        line = _at(report, key, legacy)
         what = f"{entry['kind']} over {entry['over'] or '-'}"
         before = old.get(key)
         if before is None:
@@ -247,6 +272,12 @@ def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
                 f"{_arrays(entry['arrays'])}, {format_bytes(before['bytes'])} -> "
                 f"{format_bytes(entry['bytes'])} per device"
             )
+    if problems and legacy:
+        problems.append(
+            f"(the section for JAX {jax.__version__} is of format 1, keyed by the "
+            "line that made each operand, not by call site: a helper's line "
+            "holds all its callers' collectives; rewrite it to key it by call site)"
+        )
     return problems
 
 
@@ -278,6 +309,7 @@ def check(
                 for e in largest
             )
         )
+    problems += _no_comm.problems(report.rows, lambda p: str(_sites.of(p)))
     for selection in forbid:
         if not isinstance(selection, Mapping):
             raise TypeError(

@@ -17,7 +17,15 @@ from typing import Any, NamedTuple, Optional, Union
 import jax
 
 from .._rules.scope import per_call_step as _per_call_step
-from . import budget as _budget, groups as _groups, hlo as _hlo, table as _table
+from . import (
+    budget as _budget,
+    call_sites as _sites,
+    groups as _groups,
+    hlo as _hlo,
+    no_comm as _no_comm,
+    table as _table,
+)
+from .call_sites import CallSite
 from .sources import Resolver, Source, Sources
 
 
@@ -27,6 +35,11 @@ class Part(NamedTuple):
     shape: str  # as JAX prints it: `float32[64,32]`, the operand on each device
     bytes: int  # each device receives (and sends), over one call of the step
     source: Optional[Source]  # None: XLA added it for a layout (no source)
+    # The call site that tells it apart from the report's other parts (its row
+    # and baseline key: `call_sites.py`); None: no source.
+    site: Optional[CallSite] = None
+    # The axes `jts.no_collectives` forbids where it was made.
+    no_collectives: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,17 @@ class Collective(NamedTuple):
     def merged(self) -> bool:
         """Several operands in one instruction (XLA may merge collectives)."""
         return len(self.parts) > 1
+
+    @property
+    def sites(self) -> tuple[CallSite, ...]:
+        """Each distinct call site of its parts, in order (`call_sites.py`)."""
+        seen: dict[tuple, CallSite] = {}
+        for part in self.parts:
+            if part.site is not None:
+                seen.setdefault(
+                    (part.site.file, part.site.line, part.site.key), part.site
+                )
+        return tuple(seen.values())
 
     @property
     def sources(self) -> tuple[Source, ...]:
@@ -245,6 +269,9 @@ def collectives(
                 _shape(operand),
                 _moved(raw.kind, operand.bytes, size) * raw.executions,
                 resolver.source(sources.stack_for(raw.name, operand.name, graph)),
+                no_collectives=_no_comm.axes(
+                    sources.op_name_for(raw.name, operand.name, graph)
+                ),
             )
             for operand in raw.operands
         )
@@ -270,6 +297,7 @@ def collectives(
                 ),
             )
         )
+    rows = _sites.assign(rows, resolver, sources.stacks())
     rows.sort(key=_order)
     return Collectives(rows, _name(fn), mesh)
 
@@ -334,7 +362,7 @@ def _shape(operand: _hlo.Operand) -> str:
 
 
 def _order(row: Collective) -> tuple:
-    first = row.sources[0] if row.sources else None
+    first = next((_sites.of(p) for p in row.parts if p.source is not None), None)
     return (
         row.kind,
         row.axes,

@@ -36,7 +36,7 @@ class Frame:
 _MODULE_COMPUTATIONS, _MODULE_FRAMES = 3, 17
 _COMPUTATION_NAME, _COMPUTATION_INSTRUCTIONS = 1, 2
 _INSTRUCTION_NAME, _INSTRUCTION_METADATA = 1, 7
-_METADATA_FILE, _METADATA_LINE, _METADATA_FRAME = 3, 4, 15
+_METADATA_NAME, _METADATA_FILE, _METADATA_LINE, _METADATA_FRAME = 2, 3, 4, 15
 _INDEX_FILES, _INDEX_FUNCTIONS, _INDEX_LOCATIONS, _INDEX_FRAMES = 1, 2, 3, 4
 
 
@@ -87,6 +87,7 @@ class Sources:
 
     def __init__(self, proto: bytes, computations: Optional[frozenset[str]] = None):
         self._metadata: dict[str, tuple[int, str, int]] = {}
+        self._op_names: dict[str, str] = {}  # the op's JAX name stack
         files: list[str] = []
         functions: list[str] = []
         locations: list[dict[int, Any]] = []
@@ -128,6 +129,9 @@ class Sources:
                 continue
             fields = _message(proto, metadata)
             file = fields.get(_METADATA_FILE)
+            op_name = fields.get(_METADATA_NAME)
+            if op_name is not None:
+                self._op_names[name] = _text(proto, op_name)
             self._metadata[name] = (
                 fields.get(_METADATA_FRAME) or 0,
                 _text(proto, file) if file is not None else "",
@@ -141,6 +145,19 @@ class Sources:
             return self._stack(frame_id)
         # JAX 0.8: only the frame JAX took for the user's, inline.
         return (Frame(file, "", line),) if file else ()
+
+    def op_name(self, instruction: str) -> str:
+        """The op's name in the program JAX lowered (`jit(f)/scope/dot_general`:
+        its named scopes), `""` for none."""
+        return self._op_names.get(instruction, "")
+
+    def op_name_for(self, collective: str, operand: str, graph: Any) -> str:
+        """The op name of the instruction `stack_for` takes the frames of."""
+        if len(graph.operands.get(collective, ())) > 1:
+            found = self._nearest(operand, graph.operands, self.op_name)
+            if found:
+                return found
+        return self._nearest(collective, graph.users, self.op_name)
 
     def stack_for(self, collective: str, operand: str, graph: Any) -> tuple[Frame, ...]:
         """The frames of one operand of a collective (`graph`: an `hlo.Graph`).
@@ -158,14 +175,16 @@ class Sources:
                 return found
         return self._nearest(collective, graph.users)
 
-    def _nearest(self, start: str, edges: dict) -> tuple[Frame, ...]:
-        """The frames of the nearest instruction from `start` (itself first)
-        along `edges`, breadth first and a few steps, that has some."""
+    def _nearest(self, start: str, edges: dict, read: Any = None) -> Any:
+        """The frames (or what `read` reads) of the nearest instruction from
+        `start` (itself first) along `edges`, breadth first and a few steps,
+        that has some."""
+        read = self.stack if read is None else read
         frontier, seen = [start], {start}
         for _ in range(8):
             following = []
             for name in frontier:
-                stack = self.stack(name)
+                stack = read(name)
                 if stack:
                     return stack
                 for other in edges.get(name, ()):
@@ -173,7 +192,15 @@ class Sources:
                         seen.add(other)
                         following.append(other)
             frontier = following
-        return ()
+        return read("")
+
+    def stacks(self) -> list[tuple[Frame, ...]]:
+        """Every stack of the module's frame table (each frame's, out to the
+        outermost), innermost first: the calls of the whole program, fusions'
+        ops included. `[]` where the tables are unusable (JAX 0.8)."""
+        if not _compat.hlo_stack_frames_usable():
+            return []
+        return [self._stack(i) for i in range(1, len(self._frames) + 1)]
 
     def _stack(self, frame_id: int) -> tuple[Frame, ...]:
         known = self._stacks.get(frame_id)
@@ -261,6 +288,14 @@ class Resolver:
             where,
             tuple(stack[i] for i in user),
         )
+
+    def user(self, stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """The frames of `stack` outside the libraries (as `Source.frames`)."""
+        return tuple(f for f in stack if not self._is_library(f.file))
+
+    def line(self, file: str, line: int) -> tuple[str, str]:
+        """The text of a line and its stable name (`model.py: text #k`)."""
+        return self._line(file, line)
 
     def _is_library(self, file: str) -> bool:
         known = self._library.get(file)

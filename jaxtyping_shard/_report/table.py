@@ -11,8 +11,14 @@ NO_SOURCE = "(no source: XLA moved it for a layout of the inputs or outputs)"
 
 
 def describe(source: Any) -> str:
-    """A part's source in words: its line, or that it has none."""
+    """A part's source (or call site) in words: its line, or that it has none."""
     return NO_SOURCE if source is None else str(source)
+
+
+def site_of(part: Any) -> Any:
+    """A part's call site, else its source (rows made by hand), else None."""
+    site = getattr(part, "site", None)
+    return site if site is not None else part.source
 
 
 def table(report: Any) -> str:
@@ -74,9 +80,10 @@ def branches(row: Any) -> str:
 
 
 def _by_source(parts: tuple) -> list:
-    """Parts grouped by the line they come from, as printed (a line reached
-    through several calls is one line)."""
+    """Parts grouped by the call site they come from, as printed (a site
+    reached through several calls is one site)."""
     groups: dict[str, tuple[Any, list]] = {}
     for part in parts:
-        groups.setdefault(describe(part.source), (part.source, []))[1].append(part)
+        site = site_of(part)
+        groups.setdefault(describe(site), (site, []))[1].append(part)
     return list(groups.values())
