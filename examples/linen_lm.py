@@ -28,11 +28,12 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
+from beartype import beartype  # noqa: E402
 from jax.sharding import AxisType, PartitionSpec as P  # noqa: E402
 from jaxtyping import Array  # noqa: E402
 
 import jaxtyping_shard as jts  # noqa: E402
-from jaxtyping_shard import Float, Int  # noqa: E402
+from jaxtyping_shard import Int  # noqa: E402
 
 
 BASELINE = Path(__file__).with_name("linen_lm_collectives.json")
@@ -174,6 +175,7 @@ tx = optax.adamw(1e-2, weight_decay=0.1)
 
 
 @jts.jit
+@jts.jaxtyped(typechecker=beartype)  # checks the hinted batch
 def train_step(params, opt_state, tokens: Tokens):
     def loss_fn(params):
         logits = model.apply(params, tokens[:, :-1])
