@@ -8,8 +8,11 @@ nn.get_logical_axis_rules())`: the same table, not a copy). No annotation is
 added for the parameters or the optimiser state: `jts.jit` reads their boxes on
 the way in and out of the step, `jts.preflight` counts them by their boxes, and
 `jts.collectives` holds the step to `linen_lm_collectives.json`. Run:
-`python examples/linen_lm.py` (8 CPU devices; Auto and Explicit meshes), or
-`python examples/linen_lm.py --update` to rewrite this JAX release's baseline.
+`python examples/linen_lm.py` (8 CPU devices), or `python examples/linen_lm.py
+--update` to rewrite this JAX release's baseline. The step runs on an Auto mesh,
+as MaxText runs: on Explicit axes Linen's `nn.with_logical_constraint` is an
+assertion (`with_sharding_constraint`) that JAX's sharding-in-types refuses here;
+the state is checked by its boxes on an Explicit mesh too (`check_state`).
 """
 
 import os
@@ -21,6 +24,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -76,8 +80,8 @@ BSE = ("activation_batch", "activation_length", "activation_embed")
 
 
 class Embed(nn.Module):
-    """The token table, looked up by a one-hot matmul (MaxText's iota embed):
-    a gather from a table sharded on both dims has no layout on Explicit axes."""
+    """The token table, looked up by a one-hot matmul (MaxText's
+    `use_iota_embed`): a matmul XLA partitions over both of the table's axes."""
 
     config: Config
 
@@ -107,6 +111,8 @@ class Attention(nn.Module):
             "activation_kv",
         )
 
+        # `self.param` + einsum, as MaxText's own DenseGeneral: `nn.DenseGeneral`
+        # unboxes its kernel flat (rank 2) under the rules, before reshaping it.
         def project(name):
             w = self.param(
                 name,
@@ -194,8 +200,6 @@ def make_mesh(kind="auto"):
 
 def rules(config=CONFIG):
     """Linen's rules context and this library's, one table."""
-    import contextlib
-
     stack = contextlib.ExitStack()
     stack.enter_context(nn.logical_axis_rules(list(config.logical_axis_rules)))
     stack.enter_context(jts.axis_rules(nn.get_logical_axis_rules()))
