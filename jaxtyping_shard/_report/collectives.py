@@ -27,12 +27,13 @@ class Part(NamedTuple):
     shape: str  # as JAX prints it: `float32[64,32]`, the operand on each device
     bytes: int  # each device receives (and sends), over one call of the step
     source: Optional[Source]  # None: XLA added it for a layout (no source)
+    deferred: bool = False  # a value unreduced over its axes: `Collective.role`
 
 
 @dataclass(frozen=True)
 class Branch:
-    """A branch of a `lax.cond` / `lax.switch` (an HLO `conditional`): a call
-    runs one of its branches, so a collective in it runs at most as counted."""
+    """A branch of a `lax.cond` / `lax.switch` (an HLO `conditional`): a
+    collective in it runs at most as counted."""
 
     conditional: str  # the HLO instruction
     index: int  # as `lax.switch` numbers them (`lax.cond`: 0 false, 1 true)
@@ -42,6 +43,19 @@ class Branch:
     def __str__(self) -> str:
         at = f"{self.source.file}:{self.source.line}" if self.source else "?"
         return f"branch {self.index} of {self.count} of the conditional at {at}"
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A `while` loop around a collective (a `lax.scan`): it runs once a trip."""
+
+    instruction: str  # the HLO `while`
+    trips: Optional[int]  # None: XLA knows no trip count
+    source: Optional[Source]  # the line of the `lax.scan` / loop
+
+    def __str__(self) -> str:
+        at = f"{self.source.file}:{self.source.line}" if self.source else "?"
+        return f"the loop at {at} ({self.trips or 'unknown'} trips)"
 
 
 class Collective(NamedTuple):
@@ -56,9 +70,30 @@ class Collective(NamedTuple):
     parts: tuple[Part, ...]
     name: str  # the HLO instruction
     unknown_trips: bool = False  # in a loop XLA knows no trip count of: one run
-    # The conditionals around it, outermost first: it runs only when its branch
-    # does (`executions` and `bytes` count a call that takes that branch).
+    # The conditionals around it, outermost first (`executions`, `bytes`: a
+    # call that takes its branch), and the `while` loops (`()`: once a call).
     branches: tuple[Branch, ...] = ()
+    loops: tuple[Loop, ...] = ()
+
+    @property
+    def deferred(self) -> bool:
+        """Whether it reduces a value unreduced over its (`Explicit`) axes: the
+        sum `unreduced` deferred (JAX's `reshard` of it, or a loop's carry)."""
+        return any(p.deferred for p in self.parts)
+
+    @property
+    def in_loop(self) -> bool:
+        """Whether it runs inside a `while` loop (per micro-batch, per layer)."""
+        return bool(self.loops)
+
+    @property
+    def role(self) -> str:
+        """`deferred reduction of unreduced over data`, or `""`."""
+        if not self.deferred:
+            return ""
+        if not all(p.deferred for p in self.parts):
+            return f"with a deferred reduction of unreduced over {self.over or '?'}"
+        return f"deferred reduction of unreduced over {self.over or '?'}"
 
     @property
     def layout_only(self) -> bool:
@@ -136,9 +171,14 @@ class Collectives:
         axes: Union[str, Iterable[str], None] = None,
         inside: Union[str, Iterable[str], None] = None,
         outside: Union[str, Iterable[str], None] = None,
+        loop: Optional[str] = None,
+        deferred: Optional[bool] = None,
     ) -> "Collectives":
         """The collectives of these kinds, running over all of these axes, whose
         parts come from lines inside (or outside) these functions.
+
+        `loop="inside"` / `"outside"`: inside a `while` loop (a `lax.scan`)
+        or outside every loop; `deferred=`: the deferred reductions or not.
 
         A function is named by its qualified name (`Attention.__call__`) or its
         last part (`__call__`). A line is inside the function that holds it and
@@ -149,7 +189,9 @@ class Collectives:
         Selecting by function needs JAX >= 0.9 (JAX 0.8 keeps no functions).
         """
         return Collectives(
-            _budget.select(self.rows, self.mesh, kind, axes, inside, outside),
+            _budget.select(
+                self.rows, self.mesh, kind, axes, inside, outside, loop, deferred
+            ),
             self.function,
             self.mesh,
         )
@@ -160,6 +202,7 @@ class Collectives:
         *,
         max_bytes: Optional[int] = None,
         forbid: Iterable[Mapping[str, Any]] = (),
+        at_most: Iterable[Mapping[str, Any]] = (),
         update: bool = False,
     ) -> None:
         """Holds the step to its budget; raises
@@ -173,10 +216,15 @@ class Collectives:
         - `forbid`: selections as `where` takes them (`{"kind": "all-gather",
             "axes": "data", "outside": ["gather"]}`): any collective they
             select fails.
+        - `at_most`: selections as `where` takes them, each with `count` (runs
+            per call, loop trips counted) and / or `bytes` (per device).
+            "Over `data`: one all-reduce per step, outside the micro-batch
+            loop": `at_most=[{"kind": "all-reduce", "axes": "data", "count":
+            1}], forbid=[{..., "loop": "inside"}]`.
         - `update`: write the baseline instead of comparing with it (the other
             bounds still hold).
         """
-        _budget.check(self, baseline, max_bytes, forbid, update)
+        _budget.check(self, baseline, max_bytes, forbid, update, at_most)
 
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes the baseline that `check` compares with (readable JSON)."""
@@ -234,17 +282,21 @@ def collectives(
     sources = Sources(module.as_serialized_hlo_module_proto(), graph.computations)
     partitions = mesh.size if mesh is not None else _groups.num_partitions(text)
     coords = _groups.coordinates(mesh)
+    explicit = _groups.explicit_axes(mesh)
     resolver = Resolver()
     rows = []
     for raw in found:
         axes, over, size = _groups.axes(
             raw.kind, raw.groups, raw.pairs, coords, mesh, partitions
         )
+        reduces = raw.kind in ("all-reduce", "reduce-scatter") and bool(axes)
+        reduces = reduces and set(axes) <= explicit
         parts = tuple(
             Part(
                 _shape(operand),
                 _moved(raw.kind, operand.bytes, size) * raw.executions,
                 resolver.source(sources.stack_for(raw.name, operand.name, graph)),
+                reduces and (raw.op == "reshard" or graph.out_of_loop(operand.name)),
             )
             for operand in raw.operands
         )
@@ -267,6 +319,10 @@ def collectives(
                         resolver.source(sources.stack(b.conditional)),
                     )
                     for b in raw.branches
+                ),
+                tuple(
+                    Loop(name, trips, resolver.source(sources.stack(name)))
+                    for name, trips in raw.loops
                 ),
             )
         )
