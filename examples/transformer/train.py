@@ -19,7 +19,7 @@ from jax.sharding import AxisType
 
 import jaxtyping_shard as jts
 
-from .layout import RULES
+from .layout import ACCUMULATE, reduced_over, RULES, unreduced_zeros
 from .model import Config, cross_entropy, Scalar, Tokens, Transformer
 from .optim import optimizer
 
@@ -49,6 +49,63 @@ def micro_batches(batch: Batch) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def accumulate(params: Transformer, batch: Batch) -> tuple[Scalar, Transformer]:
+    """The sums of the micro-batches' losses and gradients, each micro-batch's
+    gradient reduced over `data` as it is made (the `Auto` mesh's path)."""
+    grad_fn = eqx.filter_value_and_grad(loss_fn)
+
+    def add(carry, micro: Batch):
+        loss, grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+    return jax.lax.scan(add, zero, micro_batches(batch))[0]
+
+
+def deferred_reduction(params: Transformer) -> bool:
+    """Whether the gradients can stay unreduced over the batch's axis through
+    the micro-batch scan: JAX has `reduced` / `unreduced` only on `Explicit`
+    axes (on `Auto` ones XLA decides where sums happen), so an `Auto` mesh
+    keeps `accumulate`."""
+    mesh = jax.typeof(params.embed).sharding.mesh
+    return mesh.axis_types[mesh.axis_names.index(ACCUMULATE)] == AxisType.Explicit
+
+
+def accumulate_unreduced(
+    params: Transformer, batch: Batch
+) -> tuple[Scalar, Transformer]:
+    """As `accumulate`, with one reduction of the gradients over `data` per
+    step (JAX's gradient accumulation on `Explicit` axes). The parameters are
+    gathered once, before the loop (the FSDP all-gathers, once a step instead
+    of once a micro-batch), and marked `reduced` over `data`, so that each
+    micro-batch's gradient comes back *unreduced* over it (a pending sum); the
+    scan adds them unreduced, and `jts.reshard` to the stored layout sums them
+    once, scattering each back to its FSDP shards."""
+    gathered = jts.as_used(params)
+    # The matmuls' weights reduced. The norms' scales stay as they are: they
+    # multiply activations split over `data` elementwise, which JAX refuses
+    # for a reduced operand, so their gradients (a vector each) are reduced
+    # per micro-batch as before.
+    reduced = eqx.tree_at(
+        _scales, jax.tree.map(reduced_over, gathered), _scales(gathered)
+    )
+    grad_fn = eqx.filter_value_and_grad(loss_fn)
+
+    def add(carry, micro: Batch):
+        loss, grads = grad_fn(reduced, micro)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    # Inside, the weights are gathered already: each `jts.as_used` is a no-op.
+    with jts.axis_rules(jts.get_axis_rules().as_used()):
+        zero = (jnp.zeros(()), jax.tree.map(unreduced_zeros, reduced))
+        loss, grads = jax.lax.scan(add, zero, micro_batches(batch))[0]
+    return loss, jts.reshard(grads)  # the one reduction over data of the step
+
+
+def _scales(params: Transformer) -> tuple:
+    return params.ln_f, params.blocks.ln1, params.blocks.ln2
+
+
 # `jts.Like["params"]`: the optimiser state laid out as the parameters (each
 # moment as its parameter, counts replicated): checked at the boundary by key
 # path, and the shardings `jit` is given, with no annotation of its own. Spelt
@@ -58,14 +115,10 @@ def micro_batches(batch: Batch) -> Batch:
 def train_step(
     params: Transformer, opt_state: jts.Like[" params"], batch: Batch
 ) -> tuple[Transformer, jts.Like[" params"], Scalar]:
-    grad_fn = eqx.filter_value_and_grad(loss_fn)
-
-    def accumulate(carry, micro: Batch):
-        loss, grads = grad_fn(params, micro)
-        return jax.tree.map(jnp.add, carry, (loss, grads)), None
-
-    zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_batches(batch))
+    if deferred_reduction(params):
+        loss, grads = accumulate_unreduced(params, batch)
+    else:
+        loss, grads = accumulate(params, batch)
     loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))
     jts.check_tree(grads, name="grads")  # laid out as the parameters
     updates, opt_state = optimizer.update(grads, opt_state, params)
