@@ -49,14 +49,14 @@ RULES = {
 
 
 # Gradient accumulation on an `Explicit` mesh (`train.accumulate_unreduced`):
-# the axis the micro-batches' gradients stay unreduced over through the scan.
-ACCUMULATE = "data"
+# the weights marked `reduced` over the batch's mesh axes, their gradients
+# `unreduced` over them through the micro-batch scan.
 
 
-def reduced_over(x: jax.Array) -> jax.Array:
-    """`x` as it is, marked `reduced` over `ACCUMULATE` (its gradient comes
-    back unreduced over it); `x` must be replicated over that axis."""
-    marked = jax.typeof(x).sharding.spec.update(reduced={ACCUMULATE})
+def reduced_over(axes: frozenset, x: jax.Array) -> jax.Array:
+    """`x` as it is, marked `reduced` over `axes` (its gradient comes back
+    unreduced over them); `x` must be replicated over them."""
+    marked = jax.typeof(x).sharding.spec.update(reduced=axes)
     return jts.reshard(x, marked)
 
 

@@ -8,6 +8,7 @@ optax. A checkpoint is saved with Orbax and restored onto a target from
 `PartitionSpec` or `NamedSharding` is written here.
 """
 
+import functools
 import math
 
 import equinox as eqx
@@ -19,7 +20,7 @@ from jax.sharding import AxisType
 
 import jaxtyping_shard as jts
 
-from .layout import ACCUMULATE, reduced_over, RULES, unreduced_zeros
+from .layout import reduced_over, RULES, unreduced_zeros
 from .model import Config, cross_entropy, Scalar, Tokens, Transformer
 from .optim import optimizer
 
@@ -62,33 +63,41 @@ def accumulate(params: Transformer, batch: Batch) -> tuple[Scalar, Transformer]:
     return jax.lax.scan(add, zero, micro_batches(batch))[0]
 
 
+def batch_axes() -> frozenset:
+    """The mesh axes the batch is split over, under the rules in force."""
+    first = jts.spec_of(Tokens)[0]
+    return frozenset((first,) if isinstance(first, str) else first or ())
+
+
 def deferred_reduction(params: Transformer) -> bool:
-    """Whether the gradients can stay unreduced over the batch's axis through
+    """Whether the gradients can stay unreduced over the batch's axes through
     the micro-batch scan: JAX has `reduced` / `unreduced` only on `Explicit`
     axes (on `Auto` ones XLA decides where sums happen), so an `Auto` mesh
     keeps `accumulate`."""
     mesh = jax.typeof(params.embed).sharding.mesh
-    return mesh.axis_types[mesh.axis_names.index(ACCUMULATE)] == AxisType.Explicit
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    axes = batch_axes()
+    return bool(axes) and all(types[a] == AxisType.Explicit for a in axes)
 
 
 def accumulate_unreduced(
     params: Transformer, batch: Batch
 ) -> tuple[Scalar, Transformer]:
-    """As `accumulate`, with one reduction of the gradients over `data` per
-    step (JAX's gradient accumulation on `Explicit` axes). The parameters are
-    gathered once, before the loop (the FSDP all-gathers, once a step instead
-    of once a micro-batch), and marked `reduced` over `data`, so that each
-    micro-batch's gradient comes back *unreduced* over it (a pending sum); the
-    scan adds them unreduced, and `jts.reshard` to the stored layout sums them
-    once, scattering each back to its FSDP shards."""
+    """As `accumulate`, with one reduction of the gradients over the batch's
+    axes (`data`) per step: JAX's gradient accumulation on `Explicit` axes.
+    The parameters are gathered once, before the loop (the FSDP all-gathers,
+    once a step instead of once a layer and micro-batch), and marked `reduced`
+    over those axes, so that each micro-batch's gradient comes back
+    *unreduced* over them (a pending sum); the scan adds them unreduced, and
+    `jts.reshard` to the stored layout sums them once, scattering each back to
+    its FSDP shards."""
     gathered = jts.as_used(params)
     # The matmuls' weights reduced. The norms' scales stay as they are: they
     # multiply activations split over `data` elementwise, which JAX refuses
     # for a reduced operand, so their gradients (a vector each) are reduced
     # per micro-batch as before.
-    reduced = eqx.tree_at(
-        _scales, jax.tree.map(reduced_over, gathered), _scales(gathered)
-    )
+    marked = jax.tree.map(functools.partial(reduced_over, batch_axes()), gathered)
+    reduced = eqx.tree_at(_scales, marked, _scales(gathered))
     grad_fn = eqx.filter_value_and_grad(loss_fn)
 
     def add(carry, micro: Batch):
