@@ -4,7 +4,8 @@ For each collective instruction reachable from the entry computation: its kind,
 the operands it moves (their shapes), the device groups it runs over (as
 partition ids: positions in the executable's device assignment), and how many
 times one call of the program runs it (the trip counts of the `while` loops
-around it). Nothing here knows about meshes or source lines.
+around it, and which loops those are). Nothing here knows about meshes or
+source lines.
 
 The text is XLA's, which changes across releases (its device groups are read
 in `groups.py`); an instruction whose groups cannot be read keeps
