@@ -92,12 +92,12 @@ def accumulate_unreduced(
     `jts.reshard` to the stored layout sums them once, scattering each back to
     its FSDP shards."""
     gathered = jts.as_used(params)
-    # The matmuls' weights reduced. The norms' scales stay as they are: they
-    # multiply activations split over `data` elementwise, which JAX refuses
-    # for a reduced operand, so their gradients (a vector each) are reduced
-    # per micro-batch as before.
+    # The matmuls' weights reduced. The norms' scales stay as stored (the
+    # model uses them so, checked by `Scale`): they multiply activations split
+    # over `data` elementwise, which JAX refuses for a reduced operand, so
+    # their gradients (a vector each) are reduced per micro-batch as before.
     marked = jax.tree.map(functools.partial(reduced_over, batch_axes()), gathered)
-    reduced = eqx.tree_at(_scales, marked, _scales(gathered))
+    reduced = eqx.tree_at(_scales, marked, _scales(params))
     grad_fn = eqx.filter_value_and_grad(loss_fn)
 
     def add(carry, micro: Batch):
