@@ -105,7 +105,7 @@ def weight_gathers(report) -> frozenset:
 @pytest.mark.parametrize("kind", KINDS)
 def test_reference_step_matches_its_baseline_and_is_explained(kind):
     report = reference.report(kind)
-    report.check(reference.BASELINE)
+    report.check(reference.baseline(kind))
     assert report.count > 0 and not any(r.layout_only for r in report.rows)
     # Every line of the table is walked through in the docs.
     docs = DOCS.read_text()
@@ -157,7 +157,7 @@ def test_planted_mis_sharding_is_a_new_collective_at_its_line(root, name, kind):
         if text.strip() == expected
     ]
     with pytest.raises(jts.CollectiveBudgetError) as caught:
-        report.check(reference.BASELINE)
+        report.check(reference.baseline(kind))
     problems = [p for p in str(caught.value).splitlines() if p.startswith("  ")]
     at_line = [p for p in problems if f" at {planted.file}:{line}" in p]
     assert at_line, str(caught.value)

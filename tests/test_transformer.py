@@ -222,7 +222,8 @@ def test_two_processes():
                 f"process {i}: fsdp_tp on a {kind} 4x2 mesh (2 process(es))" in output
             )
             # The step's collectives match its baseline on 2 processes too.
+            name = {"explicit": "collectives", "auto": "collectives_auto"}[kind]
             assert (
                 f"process {i}: collectives of the fsdp_tp step on the {kind} mesh "
-                "as in collectives.json" in output
+                f"as in {name}.json" in output
             )

@@ -195,3 +195,33 @@ def test_drivers_refuse_them_on_auto_axes(mesh_auto):
             assert text.startswith(culprit), text
             assert "not `Explicit` axes of the mesh" in text
         assert jts.out_sharding(G) is None  # XLA chooses on Auto axes
+
+
+def test_as_used_keeps_reduced_where_the_layout_leaves_the_axis(mesh_explicit):
+    # Gradient accumulation with FSDP: the weights gathered once, marked
+    # reduced over data; a module's `jts.as_used` inside the scan (under rules
+    # that gather nothing more) keeps them reduced, so each gradient stays
+    # unreduced. A layout that shards over the axis takes the ordinary path.
+    Stored = Float[Array, "embed mlp", jts.Logical]
+    rules = {"embed": None, "mlp": "model", "batch": "data"}
+    seen = {}
+
+    def f(w, x):
+        wr = reshard(w, P(None, "model", reduced={"data"}))
+        with jts.axis_rules(rules):
+            used = jts.as_used(wr, Stored)
+            g = jax.grad(lambda w: jnp.sum(x @ jts.as_used(w, Stored)))(wr)
+        with jts.axis_rules({**rules, "embed": "data"}):
+            seen["sharded"] = jts.as_used(wr, Stored)
+        seen["used"], seen["grad"] = used, g
+        return g
+
+    w = place(mesh_explicit, (4, 2), P(None, "model"))
+    x = place(mesh_explicit, (8, 4), P("data"))
+    with jax.set_mesh(mesh_explicit), jts.axis_rules(rules):
+        jax.jit(f).trace(w, x)
+        plain = jts.as_used(w, Stored)  # a concrete array: placed as used
+    assert jax.typeof(seen["used"]).sharding.spec == P(None, "model", reduced={"data"})
+    assert jax.typeof(seen["grad"]).sharding.spec == GRAD_SPEC
+    assert jax.typeof(seen["sharded"]).sharding.spec == P("data", "model")
+    assert plain.sharding.spec == P(None, "model")

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             heartbeat_timeout_seconds=30,
             shutdown_timeout_seconds=30,
         )
-    from .collectives import BASELINE, report
+    from .collectives import baseline, report
     from .train import train
 
     layouts = ["dp", "fsdp", "fsdp_tp"] if args.layout == "all" else [args.layout]
@@ -86,10 +86,10 @@ def main(argv=None) -> int:
             if layout == "fsdp_tp":
                 # The step just compiled: the report compiles nothing again.
                 found = report(kind)
-                found.check(BASELINE)
+                found.check(baseline(kind))
                 print(
                     f"{who}collectives of the {layout} step on the {kind} mesh as in "
-                    f"{BASELINE.name}: {found.count} per call",
+                    f"{baseline(kind).name}: {found.count} per call",
                     flush=True,
                 )
     _resume(args, kinds, reference)

@@ -1,9 +1,14 @@
 """The one rules table: logical names -> mesh axes, per parallelism layout.
 
 The only place in the program where mesh axes are written (besides the mesh
-itself). Switching between data parallelism, FSDP and FSDP + tensor
-parallelism changes nothing but the table in force.
+itself), and the two specs of the gradient accumulation's `reduced` /
+`unreduced` marks (`reduced_over`, `unreduced_zeros`). Switching between data
+parallelism, FSDP and FSDP + tensor parallelism changes nothing but the table
+in force.
 """
+
+import jax
+import jax.numpy as jnp
 
 import jaxtyping_shard as jts
 
@@ -41,3 +46,25 @@ RULES = {
         **_SAME,
     },
 }
+
+
+# Gradient accumulation on an `Explicit` mesh (`train.accumulate_unreduced`):
+# the weights marked `reduced` over the batch's mesh axes, their gradients
+# `unreduced` over them through the micro-batch scan.
+
+
+def reduced_over(axes: frozenset, x: jax.Array) -> jax.Array:
+    """`x` as it is, marked `reduced` over `axes` (its gradient comes back
+    unreduced over them); `x` must be replicated over them."""
+    marked = jax.typeof(x).sharding.spec.update(reduced=axes)
+    return jts.reshard(x, marked)
+
+
+def unreduced_zeros(x: jax.Array) -> jax.Array:
+    """Zeros for the gradient of `x`: unreduced over the axes `x` is reduced
+    over, laid out as `x` otherwise."""
+    spec = jax.typeof(x).sharding.spec
+    if not spec.reduced:
+        return jnp.zeros_like(x)
+    pending = spec.update(unreduced=spec.reduced, reduced=frozenset())
+    return jnp.zeros(x.shape, x.dtype, out_sharding=jts.out_sharding(pending))

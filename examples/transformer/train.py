@@ -8,6 +8,7 @@ optax. A checkpoint is saved with Orbax and restored onto a target from
 `PartitionSpec` or `NamedSharding` is written here.
 """
 
+import functools
 import math
 
 import equinox as eqx
@@ -19,7 +20,7 @@ from jax.sharding import AxisType
 
 import jaxtyping_shard as jts
 
-from .layout import RULES
+from .layout import reduced_over, RULES, unreduced_zeros
 from .model import Config, cross_entropy, Scalar, Tokens, Transformer
 from .optim import optimizer
 
@@ -49,6 +50,71 @@ def micro_batches(batch: Batch) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def accumulate(params: Transformer, batch: Batch) -> tuple[Scalar, Transformer]:
+    """The sums of the micro-batches' losses and gradients, each micro-batch's
+    gradient reduced over `data` as it is made (the `Auto` mesh's path)."""
+    grad_fn = eqx.filter_value_and_grad(loss_fn)
+
+    def add(carry, micro: Batch):
+        loss, grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+    return jax.lax.scan(add, zero, micro_batches(batch))[0]
+
+
+def batch_axes() -> frozenset:
+    """The mesh axes the batch is split over, under the rules in force."""
+    first = jts.spec_of(Tokens)[0]
+    return frozenset((first,) if isinstance(first, str) else first or ())
+
+
+def deferred_reduction(params: Transformer) -> bool:
+    """Whether the gradients can stay unreduced over the batch's axes through
+    the micro-batch scan: JAX has `reduced` / `unreduced` only on `Explicit`
+    axes (on `Auto` ones XLA decides where sums happen), so an `Auto` mesh
+    keeps `accumulate`."""
+    mesh = jax.typeof(params.embed).sharding.mesh
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    axes = batch_axes()
+    return bool(axes) and all(types[a] == AxisType.Explicit for a in axes)
+
+
+def accumulate_unreduced(
+    params: Transformer, batch: Batch
+) -> tuple[Scalar, Transformer]:
+    """As `accumulate`, with one reduction of the gradients over the batch's
+    axes (`data`) per step: JAX's gradient accumulation on `Explicit` axes.
+    The parameters are gathered once, before the loop (the FSDP all-gathers,
+    once a step instead of once a layer and micro-batch), and marked `reduced`
+    over those axes, so that each micro-batch's gradient comes back
+    *unreduced* over them (a pending sum); the scan adds them unreduced, and
+    `jts.reshard` to the stored layout sums them once, scattering each back to
+    its FSDP shards."""
+    gathered = jts.as_used(params)
+    # The matmuls' weights reduced. The norms' scales stay as stored (the
+    # model uses them so, checked by `Scale`): they multiply activations split
+    # over `data` elementwise, which JAX refuses for a reduced operand, so
+    # their gradients (a vector each) are reduced per micro-batch as before.
+    marked = jax.tree.map(functools.partial(reduced_over, batch_axes()), gathered)
+    reduced = eqx.tree_at(_scales, marked, _scales(params))
+    grad_fn = eqx.filter_value_and_grad(loss_fn)
+
+    def add(carry, micro: Batch):
+        loss, grads = grad_fn(reduced, micro)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    # Inside, the weights are gathered already: each `jts.as_used` is a no-op.
+    with jts.axis_rules(jts.get_axis_rules().as_used()):
+        zero = (jnp.zeros(()), jax.tree.map(unreduced_zeros, reduced))
+        loss, grads = jax.lax.scan(add, zero, micro_batches(batch))[0]
+    return loss, jts.reshard(grads)  # the one reduction over data of the step
+
+
+def _scales(params: Transformer) -> tuple:
+    return params.ln_f, params.blocks.ln1, params.blocks.ln2
+
+
 # `jts.Like["params"]`: the optimiser state laid out as the parameters (each
 # moment as its parameter, counts replicated): checked at the boundary by key
 # path, and the shardings `jit` is given, with no annotation of its own. Spelt
@@ -58,14 +124,10 @@ def micro_batches(batch: Batch) -> Batch:
 def train_step(
     params: Transformer, opt_state: jts.Like[" params"], batch: Batch
 ) -> tuple[Transformer, jts.Like[" params"], Scalar]:
-    grad_fn = eqx.filter_value_and_grad(loss_fn)
-
-    def accumulate(carry, micro: Batch):
-        loss, grads = grad_fn(params, micro)
-        return jax.tree.map(jnp.add, carry, (loss, grads)), None
-
-    zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zero, micro_batches(batch))
+    if deferred_reduction(params):
+        loss, grads = accumulate_unreduced(params, batch)
+    else:
+        loss, grads = accumulate(params, batch)
     loss, grads = jax.tree.map(lambda x: x / MICRO, (loss, grads))
     jts.check_tree(grads, name="grads")  # laid out as the parameters
     updates, opt_state = optimizer.update(grads, opt_state, params)

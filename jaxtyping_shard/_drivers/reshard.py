@@ -20,7 +20,14 @@ from .._annotation.used import used_annotation
 from .._core import compat, mesh as _mesh
 from .._core.errors import ShardingAnnotationError
 from .._layout import bridge as _bridge, given as _given
-from .._layout.spec import has_sharding, Lead, LogicalLayout, only_axes
+from .._layout.spec import (
+    has_sharding,
+    Lead,
+    LogicalLayout,
+    only_axes,
+    pending_of,
+    reduced_axes,
+)
 from .._trees import hints as _hints, walk as _tree
 from .._verdict.compare import same_mesh_shape
 
@@ -162,11 +169,32 @@ def _each_leaf(
 
 def _as_used_leaf(leaf: Any, annotation: Any) -> Any:
     if isinstance(leaf, Tracer):
+        kept = _keep_reduced(leaf, _used(annotation))
+        if kept is not None:
+            return kept
         # First as stored (a no-op going forward): on `Auto` axes the gradient
         # is then constrained to the stored layout, as on `Explicit` ones,
         # instead of coming back gathered.
         leaf = _reshard_leaf(leaf, annotation)
     return _reshard_leaf(leaf, _used(annotation))
+
+
+def _keep_reduced(leaf: Any, used: Any) -> Any:
+    """A traced leaf `reduced` over axes its layout as used shards no dim over
+    (gradient accumulation: the parameters gathered once, marked `reduced`):
+    laid out as used, still `reduced` (its cotangent stays unreduced, summed
+    once by the caller). None for every other leaf (the ordinary path)."""
+    aval = jax.typeof(leaf)
+    reduced = reduced_axes(getattr(aval.sharding, "spec", None))
+    mesh = _mesh.of_aval(aval)
+    if not reduced or mesh is None or isinstance(used, NamedSharding):
+        return None
+    spec = _bridge.spec_for(used, tuple(aval.shape), mesh, "as_used")
+    if any(pending_of(spec)) or reduced & {
+        a for e in spec for a in ((e,) if isinstance(e, str) else e or ())
+    }:
+        return None  # its layout declares its own, or shards over them
+    return jax.sharding.reshard(leaf, PartitionSpec(*spec, reduced=reduced))
 
 
 def _used(annotation: Any) -> Any:

@@ -23,7 +23,7 @@ import jax
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
 from . import call_sites as _sites, hlo as _hlo, no_comm as _no_comm
-from .table import branches, NO_SOURCE
+from .table import branches, loops, NO_SOURCE
 from .text import format_bytes
 
 
@@ -61,9 +61,25 @@ def _in_function(part: Any, functions: frozenset[str]) -> bool:
 
 
 def select(
-    rows: Iterable[Any], mesh: Any, kind: Any, axes: Any, inside: Any, outside: Any
+    rows: Iterable[Any],
+    mesh: Any,
+    kind: Any,
+    axes: Any,
+    inside: Any,
+    outside: Any,
+    loop: Optional[str] = None,
+    deferred: Optional[bool] = None,
 ) -> list:
     kinds, over = _names(kind, "kind"), _names(axes, "axes")
+    if loop not in (None, "inside", "outside"):
+        raise ValueError(
+            f"where(loop=...): expected 'inside' (in a `while` loop: a `lax.scan` "
+            f"over micro-batches or layers) or 'outside' (once per call); got {loop!r}"
+        )
+    if deferred not in (None, True, False):
+        raise TypeError(
+            f"where(deferred=...): expected True or False, got {deferred!r}"
+        )
     ins, outs = _names(inside, "inside"), _names(outside, "outside")
     unknown = kinds - set(_hlo.KINDS)
     if unknown:
@@ -87,11 +103,14 @@ def select(
     for row in rows:
         if (kinds and row.kind not in kinds) or not over <= set(row.axes):
             continue
+        if loop is not None and row.in_loop != (loop == "inside"):
+            continue
         parts = tuple(
             p
             for p in row.parts
             if (not ins or _in_function(p, ins))
             and not (outs and _in_function(p, outs))
+            and (deferred is None or p.deferred == deferred)
         )
         if not parts:
             continue
@@ -281,6 +300,47 @@ def against(report: Any, path: Union[str, "os.PathLike[str]"]) -> list[str]:
     return problems
 
 
+def _what(row: Any) -> str:
+    role = f" ({row.role})" if row.role else ""
+    return f"{row.kind} over {row.over or '-'}{role}"
+
+
+def _over_limits(report: Any, limits: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`at_most=`: each selection's collectives per call and bytes, bounded."""
+    problems = []
+    for limit in limits:
+        if not isinstance(limit, Mapping) or not {"count", "bytes"} & set(limit):
+            raise TypeError(
+                "check(at_most=...): each item is a dict of `where`'s keywords "
+                "with `count` and / or `bytes`, like {'kind': 'all-reduce', "
+                f"'axes': 'data', 'count': 1}}; got {limit!r}"
+            )
+        selection = {k: v for k, v in limit.items() if k not in ("count", "bytes")}
+        chosen = report.where(**selection)
+        said = ", ".join(f"{k}={v!r}" for k, v in selection.items()) or "all"
+        count, size = limit.get("count"), limit.get("bytes")
+        if (count is None or chosen.count <= count) and (
+            size is None or chosen.bytes <= size
+        ):
+            continue
+        bound = ", ".join(
+            f"{v} {k}" if k == "count" else f"{format_bytes(v)}"
+            for k, v in (("count", count), ("bytes", size))
+            if v is not None
+        )
+        lines = "; ".join(
+            f"{_what(row)} x{row.executions} at "
+            f"{source if source is not None else NO_SOURCE}{loops(row)}"
+            for row in chosen.rows
+            for source in row.sources or (None,)
+        )
+        problems.append(
+            f"at most {bound} per call ({said}): {chosen.count} run, "
+            f"{format_bytes(chosen.bytes)} per device: {lines}"
+        )
+    return problems
+
+
 def _arrays(n: int) -> str:
     return f"{n} array" + ("" if n == 1 else "s")
 
@@ -291,6 +351,7 @@ def check(
     max_bytes: Optional[int],
     forbid: Iterable[Mapping[str, Any]],
     update: bool,
+    limits: Iterable[Mapping[str, Any]] = (),
 ) -> None:
     problems: list[str] = []
     if baseline is not None:
@@ -321,9 +382,10 @@ def check(
         for row in chosen.rows:
             for source in row.sources or (None,):
                 problems.append(
-                    f"forbidden ({said}): {row.kind} over {row.over or '-'}, at "
-                    f"{source if source is not None else NO_SOURCE}"
+                    f"forbidden ({said}): {_what(row)}, at "
+                    f"{source if source is not None else NO_SOURCE}{loops(row)}"
                 )
+    problems += _over_limits(report, limits)
     if problems:
         where = f" (baseline {os.fspath(baseline)})" if baseline is not None else ""
         lines = [

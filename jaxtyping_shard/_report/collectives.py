@@ -11,8 +11,7 @@ user's line and the nearest annotated function (`sources.py`).
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import jax
 
@@ -25,92 +24,8 @@ from . import (
     no_comm as _no_comm,
     table as _table,
 )
-from .call_sites import CallSite
-from .sources import Resolver, Source, Sources
-
-
-class Part(NamedTuple):
-    """One array a collective moves (several when XLA merged collectives)."""
-
-    shape: str  # as JAX prints it: `float32[64,32]`, the operand on each device
-    bytes: int  # each device receives (and sends), over one call of the step
-    source: Optional[Source]  # None: XLA added it for a layout (no source)
-    # The call site that tells it apart from the report's other parts (its row
-    # and baseline key: `call_sites.py`); None: no source.
-    site: Optional[CallSite] = None
-    # The axes `jts.no_collectives` forbids where it was made.
-    no_collectives: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class Branch:
-    """A branch of a `lax.cond` / `lax.switch` (an HLO `conditional`): a call
-    runs one of its branches, so a collective in it runs at most as counted."""
-
-    conditional: str  # the HLO instruction
-    index: int  # as `lax.switch` numbers them (`lax.cond`: 0 false, 1 true)
-    count: int  # branches
-    source: Optional[Source]  # the line of the `lax.cond` / `lax.switch`
-
-    def __str__(self) -> str:
-        at = f"{self.source.file}:{self.source.line}" if self.source else "?"
-        return f"branch {self.index} of {self.count} of the conditional at {at}"
-
-
-class Collective(NamedTuple):
-    """One collective instruction of the compiled program."""
-
-    kind: str  # `all-gather`, `all-reduce`, `reduce-scatter`, `all-to-all`, ...
-    axes: tuple[str, ...]  # the mesh axes it runs over
-    over: str  # the axes in words: `data`, `data+model`, `data (2 of 4)`
-    group_size: int  # devices per group
-    bytes: int  # each device receives (and sends), over one call: all parts
-    executions: int  # times one call runs it (loop trip counts multiplied)
-    parts: tuple[Part, ...]
-    name: str  # the HLO instruction
-    unknown_trips: bool = False  # in a loop XLA knows no trip count of: one run
-    # The conditionals around it, outermost first: it runs only when its branch
-    # does (`executions` and `bytes` count a call that takes that branch).
-    branches: tuple[Branch, ...] = ()
-
-    @property
-    def layout_only(self) -> bool:
-        """Added by XLA for an input's or output's layout: no source line."""
-        return all(p.source is None for p in self.parts)
-
-    @property
-    def merged(self) -> bool:
-        """Several operands in one instruction (XLA may merge collectives)."""
-        return len(self.parts) > 1
-
-    @property
-    def sites(self) -> tuple[CallSite, ...]:
-        """Each distinct call site of its parts, in order (`call_sites.py`)."""
-        seen: dict[tuple, CallSite] = {}
-        for part in self.parts:
-            if part.site is not None:
-                seen.setdefault(
-                    (part.site.file, part.site.line, part.site.key), part.site
-                )
-        return tuple(seen.values())
-
-    @property
-    def sources(self) -> tuple[Source, ...]:
-        """Each distinct source line of its parts, in order (a line reached
-        through several calls, once)."""
-        seen: dict[str, Source] = {}
-        for part in self.parts:
-            if part.source is not None:
-                seen.setdefault(str(part.source), part.source)
-        return tuple(seen.values())
-
-
-@dataclass(frozen=True)
-class Total:
-    """Collectives of one kind (or over one set of axes), per call of the step."""
-
-    count: int  # collectives run
-    bytes: int  # each device receives (and sends)
+from .rows import Branch, Collective, Loop, Part, Total  # noqa: F401
+from .sources import Resolver, Sources
 
 
 class Collectives:
@@ -160,9 +75,14 @@ class Collectives:
         axes: Union[str, Iterable[str], None] = None,
         inside: Union[str, Iterable[str], None] = None,
         outside: Union[str, Iterable[str], None] = None,
+        loop: Optional[str] = None,
+        deferred: Optional[bool] = None,
     ) -> "Collectives":
         """The collectives of these kinds, running over all of these axes, whose
         parts come from lines inside (or outside) these functions.
+
+        `loop="inside"` / `"outside"`: inside a `while` loop (a `lax.scan`)
+        or outside every loop; `deferred=`: the deferred reductions or not.
 
         A function is named by its qualified name (`Attention.__call__`) or its
         last part (`__call__`). A line is inside the function that holds it and
@@ -173,7 +93,9 @@ class Collectives:
         Selecting by function needs JAX >= 0.9 (JAX 0.8 keeps no functions).
         """
         return Collectives(
-            _budget.select(self.rows, self.mesh, kind, axes, inside, outside),
+            _budget.select(
+                self.rows, self.mesh, kind, axes, inside, outside, loop, deferred
+            ),
             self.function,
             self.mesh,
         )
@@ -184,6 +106,7 @@ class Collectives:
         *,
         max_bytes: Optional[int] = None,
         forbid: Iterable[Mapping[str, Any]] = (),
+        at_most: Iterable[Mapping[str, Any]] = (),
         update: bool = False,
     ) -> None:
         """Holds the step to its budget; raises
@@ -197,10 +120,15 @@ class Collectives:
         - `forbid`: selections as `where` takes them (`{"kind": "all-gather",
             "axes": "data", "outside": ["gather"]}`): any collective they
             select fails.
+        - `at_most`: selections as `where` takes them, each with `count` (runs
+            per call, loop trips counted) and / or `bytes` (per device).
+            "Over `data`: one all-reduce per step, outside the micro-batch
+            loop": `at_most=[{"kind": "all-reduce", "axes": "data", "count":
+            1}], forbid=[{..., "loop": "inside"}]`.
         - `update`: write the baseline instead of comparing with it (the other
             bounds still hold).
         """
-        _budget.check(self, baseline, max_bytes, forbid, update)
+        _budget.check(self, baseline, max_bytes, forbid, update, at_most)
 
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes the baseline that `check` compares with (readable JSON)."""
@@ -258,12 +186,15 @@ def collectives(
     sources = Sources(module.as_serialized_hlo_module_proto(), graph.computations)
     partitions = mesh.size if mesh is not None else _groups.num_partitions(text)
     coords = _groups.coordinates(mesh)
+    explicit = _groups.explicit_axes(mesh)
     resolver = Resolver()
     rows = []
     for raw in found:
         axes, over, size = _groups.axes(
             raw.kind, raw.groups, raw.pairs, coords, mesh, partitions
         )
+        reduces = raw.kind in ("all-reduce", "reduce-scatter") and bool(axes)
+        reduces = reduces and set(axes) <= explicit
         parts = tuple(
             Part(
                 _shape(operand),
@@ -271,6 +202,9 @@ def collectives(
                 resolver.source(sources.stack_for(raw.name, operand.name, graph)),
                 no_collectives=_no_comm.axes(
                     sources.op_name_for(raw.name, operand.name, graph)
+                ),
+                deferred=bool(
+                    reduces and (raw.op == "reshard" or graph.out_of_loop(operand.name))
                 ),
             )
             for operand in raw.operands
@@ -294,6 +228,10 @@ def collectives(
                         resolver.source(sources.stack(b.conditional)),
                     )
                     for b in raw.branches
+                ),
+                tuple(
+                    Loop(name, trips, resolver.source(sources.stack(name)))
+                    for name, trips in raw.loops
                 ),
             )
         )

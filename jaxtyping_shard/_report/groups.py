@@ -157,6 +157,13 @@ def mesh_of(compiled: Any) -> Optional[Mesh]:
     return _mesh.concrete_context_mesh()
 
 
+def explicit_axes(mesh: Optional[Mesh]) -> set[str]:
+    """The mesh's `Explicit` axes (where JAX has unreduced values)."""
+    types = getattr(mesh, "axis_types", None) or ()
+    names = getattr(mesh, "axis_names", ())
+    return {n for n, t in zip(names, types) if t == jax.sharding.AxisType.Explicit}
+
+
 def num_partitions(text: str) -> int:
     head = text[: text.find("\n")]
     at = head.find("num_partitions=")

@@ -4,7 +4,8 @@ For each collective instruction reachable from the entry computation: its kind,
 the operands it moves (their shapes), the device groups it runs over (as
 partition ids: positions in the executable's device assignment), and how many
 times one call of the program runs it (the trip counts of the `while` loops
-around it). Nothing here knows about meshes or source lines.
+around it, and which loops those are). Nothing here knows about meshes or
+source lines.
 
 The text is XLA's, which changes across releases (its device groups are read
 in `groups.py`); an instruction whose groups cannot be read keeps
@@ -14,7 +15,7 @@ parsed: the bodies of fusions, most of the text, hold no collective.
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from . import groups as _groups
@@ -43,6 +44,7 @@ _CALLS = re.compile(
 )
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _NAME = re.compile(r"%?([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
 
@@ -79,6 +81,10 @@ class RawCollective:
     executions: int  # per call of the program (trip counts multiplied)
     unknown_trips: bool  # inside a loop whose trip count XLA does not know
     branches: tuple[Branch, ...] = ()  # the conditionals around it, outermost first
+    # The `while` loops around it (a `lax.scan`, `fori_loop`, `while_loop`),
+    # outermost first: the instruction and its trip count (None: unknown).
+    loops: tuple[tuple[str, Optional[int]], ...] = ()
+    op: str = ""  # the JAX primitive it was lowered from (its `op_name`'s last)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,24 @@ class Graph:
     operands: dict[str, tuple[str, ...]]
     users: dict[str, tuple[str, ...]]
     computations: frozenset[str] = frozenset()
+    # The opcode of each (a `call`'s with its callee: `call:while.3_computation`).
+    opcodes: dict[str, str] = field(default_factory=dict)
+
+    def out_of_loop(self, name: str) -> bool:
+        """Whether `name` is (a view of) a result of a `while` loop: what a
+        loop carried out, the value a collective after the loop moves."""
+        for _ in range(8):
+            opcode = self.opcodes.get(name, "")
+            if opcode == "while" or opcode.startswith("call:while"):
+                return True
+            if opcode not in _VIEWS or not self.operands.get(name):
+                return False
+            name = self.operands[name][0]
+        return False
+
+
+# Instructions that pass a value on unchanged (or one element of a tuple).
+_VIEWS = frozenset({"bitcast", "copy", "get-tuple-element", "reshape", "transpose"})
 
 
 def read(text: str) -> tuple[list[RawCollective], Graph]:
@@ -189,8 +213,9 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
     module = _Module(text)
     if module.entry is None:
         return [], Graph({}, {})
-    runs, unknown, inside = _executions(module, module.entry)
+    runs, unknown, inside, loops = _executions(module, module.entry)
     operands: dict[str, tuple[str, ...]] = {}
+    opcodes: dict[str, str] = {}
     users: dict[str, list[str]] = {}
     found = []
     for computation in runs:
@@ -198,6 +223,11 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
         shapes = {i.name: i.shape for i in body}
         for instruction in body:
             operands[instruction.name] = instruction.operands
+            opcodes[instruction.name] = instruction.opcode
+            if instruction.opcode == "call":
+                callee = _CALLS.search(instruction.attributes)
+                if callee is not None:
+                    opcodes[instruction.name] = f"call:{callee.group(2)}"
             for operand in instruction.operands:
                 users.setdefault(operand, []).append(instruction.name)
             kind = _kind(instruction.opcode)
@@ -219,11 +249,20 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
                     runs[computation],
                     computation in unknown,
                     inside.get(computation, ()),
+                    loops.get(computation, ()),
+                    _op(instruction.attributes),
                 )
             )
     return found, Graph(
-        operands, {k: tuple(v) for k, v in users.items()}, frozenset(runs)
+        operands, {k: tuple(v) for k, v in users.items()}, frozenset(runs), opcodes
     )
+
+
+def _op(attributes: str) -> str:
+    """The primitive of an instruction's `op_name` (`jit(step)/reshard`:
+    `reshard`; JAX 0.8 repeats the path, `jit(f)/reshard/jit(f)/reshard`)."""
+    found = _OP_NAME.search(attributes)
+    return found.group(1).rpartition("/")[2] if found else ""
 
 
 def _kind(opcode: str) -> Optional[str]:
@@ -233,20 +272,28 @@ def _kind(opcode: str) -> Optional[str]:
     return base if base in KINDS else None
 
 
+Loops = tuple[tuple[str, Optional[int]], ...]
+
+
 def _executions(
     module: _Module, entry: str
-) -> tuple[dict[str, int], set[str], dict[str, tuple[Branch, ...]]]:
+) -> tuple[dict[str, int], set[str], dict[str, tuple[Branch, ...]], dict[str, Loops]]:
     """How many times one call runs each computation reachable from the entry
     (`while` bodies: their known trip count; each branch of a `conditional` as
     if it ran, which one call runs at most), those inside a loop of unknown trip
-    count (counted once), and the conditionals' branches each one is in."""
+    count (counted once), the conditionals' branches each one is in, and the
+    `while` loops whose body (or condition) it runs in."""
     runs: dict[str, int] = {}
     unknown: set[str] = set()
     inside: dict[str, tuple[Branch, ...]] = {}
-    stack: list[tuple[str, int, bool, tuple[Branch, ...]]] = [(entry, 1, False, ())]
+    looped: dict[str, Loops] = {}
+    stack: list[tuple[str, int, bool, tuple[Branch, ...], Loops]] = [
+        (entry, 1, False, (), ())
+    ]
     while stack:
-        computation, times, loose, branches = stack.pop()
+        computation, times, loose, branches, loops = stack.pop()
         runs[computation] = runs.get(computation, 0) + times
+        looped.setdefault(computation, loops)
         # Reached by several paths (XLA gives each call site its own copy, so
         # rarely): inside only the conditionals all of them are inside.
         seen = inside.setdefault(computation, branches)
@@ -267,13 +314,15 @@ def _executions(
             ]
             for listed in _BRANCHES.findall(instruction.attributes):
                 callees += [(c, k) for k, c in enumerate(_NAME.findall(listed))]
-            factor, inner_loose = 1, loose
+            factor, inner_loose, within_loops = 1, loose, loops
             if instruction.opcode == "while":
                 trip = _TRIP.search(instruction.attributes)
                 if trip is None:
                     inner_loose = True
                 else:
                     factor = int(trip.group(1))
+                count = None if trip is None else factor
+                within_loops = (*loops, (instruction.name, count))
             if instruction.opcode not in ("while", "call", "conditional") and not (
                 instruction.opcode.startswith("async")
             ):
@@ -285,5 +334,7 @@ def _executions(
                 if instruction.opcode == "conditional":
                     branch = Branch(instruction.name, index, len(callees))
                     within = (*branches, branch)
-                stack.append((callee, times * factor, inner_loose, within))
-    return runs, unknown, inside
+                stack.append(
+                    (callee, times * factor, inner_loose, within, within_loops)
+                )
+    return runs, unknown, inside, looped

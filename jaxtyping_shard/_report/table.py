@@ -34,7 +34,7 @@ def table(report: Any) -> str:
         if row.unknown_trips:
             kind += " (per loop step)"
         groups = _by_source(row.parts)
-        branch = branches(row)
+        branch = (f" [{row.role}]" if row.role else "") + branches(row) + loops(row)
         if len(groups) == 1:
             ((source, parts),) = groups
             shape = parts[0].shape if len(parts) == 1 else f"{len(parts)} arrays"
@@ -77,6 +77,15 @@ def branches(row: Any) -> str:
         return ""
     inner = ", within ".join(str(b) for b in reversed(row.branches))
     return f" [in {inner}: runs only when it does]"
+
+
+def loops(row: Any) -> str:
+    """` [inside the loop at train.py:80 (2 trips)]`: the innermost `while`
+    around it, each trip runs it; `""` outside every loop."""
+    if not row.loops:
+        return ""
+    inner = ", within ".join(str(loop) for loop in reversed(row.loops))
+    return f" [inside {inner}]"
 
 
 def _by_source(parts: tuple) -> list:
