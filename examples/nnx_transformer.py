@@ -10,6 +10,7 @@ against the annotations of the functions that make them. Run:
 `python examples/nnx_transformer.py` (8 CPU devices; Explicit and Auto meshes).
 """
 
+import contextlib
 import os
 
 
@@ -141,30 +142,32 @@ BASELINE = os.path.join(
 )
 
 
+@contextlib.contextmanager
+def setup(kind="explicit", rules=RULES):
+    """The model, its optimiser and a batch, laid out under `rules` on a mesh of
+    `kind`, with that mesh and those rules in force."""
+    mesh = make_mesh(kind)
+    with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
+        with jax.set_mesh(mesh):
+            model = jts.sharded_init(lambda: Model(nnx.Rngs(0)), mesh=mesh)
+            optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+            data = jax.random.randint(jax.random.key(1), (8, 17), 0, VOCAB)
+            tokens = jts.place(data, Tokens, mesh)
+            yield model, optimizer, tokens
+
+
 def collectives(kind="explicit", rules=RULES):
     """The step's collectives, each at its call site (one compile, nothing run),
     held to `nnx_collectives.json` by the tests; `python
     examples/nnx_transformer.py --update-collectives` rewrites this JAX
     release's section of it."""
-    mesh = make_mesh(kind)
-    with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
-        with jax.set_mesh(mesh):
-            model = jts.sharded_init(lambda: Model(nnx.Rngs(0)), mesh=mesh)
-            optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-            data = jax.random.randint(jax.random.key(1), (8, 17), 0, VOCAB)
-            tokens = jts.place(data, Tokens, mesh)
-            return jts.collectives(train_step, model, optimizer, tokens)
+    with setup(kind, rules) as (model, optimizer, tokens):
+        return jts.collectives(train_step, model, optimizer, tokens)
 
 
 def train(kind="explicit", steps=3, rules=RULES):
-    mesh = make_mesh(kind)
-    with jts.axis_rules(rules), nnx.logical_axis_rules(jts.flax_rules()):
-        with jax.set_mesh(mesh):
-            model = jts.sharded_init(lambda: Model(nnx.Rngs(0)), mesh=mesh)
-            optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-            data = jax.random.randint(jax.random.key(1), (8, 17), 0, VOCAB)
-            tokens = jts.place(data, Tokens, mesh)
-            return [float(train_step(model, optimizer, tokens)) for _ in range(steps)]
+    with setup(kind, rules) as (model, optimizer, tokens):
+        return [float(train_step(model, optimizer, tokens)) for _ in range(steps)]
 
 
 if __name__ == "__main__":
