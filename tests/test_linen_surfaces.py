@@ -13,6 +13,7 @@ from jaxtyping import Array
 
 import jaxtyping_shard as jts
 from jaxtyping_shard import Float
+from jaxtyping_shard._core import compat
 
 from .helpers import MESHES
 
@@ -81,7 +82,14 @@ def test_collectives_name_the_jitted_step():
         report = jts.collectives(step, params, x)
     assert report.rows, str(report)
     annotated = {s.annotated for row in report.rows for s in row.sources}
-    assert "step" in {a.rsplit(".", 1)[-1] for a in annotated if a}, str(report)
+    if compat.hlo_stack_frames_usable():
+        assert "step" in {a.rsplit(".", 1)[-1] for a in annotated if a}, str(report)
+    else:
+        # JAX 0.8 keeps one frame per op, the innermost outside JAX: for an op
+        # made inside Flax (nn.Dense's dot_general) that is Flax's own line, and
+        # no annotated function is known (docs/compat.md).
+        files = {s.file.rsplit("/", 1)[-1] for row in report.rows for s in row.sources}
+        assert "linear.py" in files, str(report)
 
 
 def test_restore_target_from_a_linen_init():
