@@ -44,6 +44,7 @@ def _compile_with(mesh, compile_):
 def _compile_under_way():
     compiles._compile_started.at = time.time()
     compiles._compile_started.name = "jit_f"
+    compiles._compile_started.own = None  # no module lowered here (see below)
 
 
 def test_a_compile_on_another_mesh_lowered_here_is_not_this_threads():
@@ -92,3 +93,34 @@ def test_no_compile_on_this_mesh_still_raises():
         with compiles._pending_lock:
             compiles._pending.pop(id(other), None)
         compiles._compile_started.at = None
+
+
+def test_a_clean_compile_lowered_here_takes_no_other_threads_failures():
+    # This thread lowered the module it compiles and its checks found nothing;
+    # another thread's failing compile of a function of the same name, on
+    # another mesh, is pending: this thread raises nothing (the flake of
+    # test_concurrent_checks, where a clean 2x4 call raised the 4x2 and 8x1
+    # threads' mismatches).
+    mesh_a = make_mesh((4, 2), ("data", "model"), "auto")
+    mesh_b = make_mesh((2, 4), ("data", "model"), "auto")
+    _compile_under_way()
+    own = compiles.Compile("jit_f")
+    compiles._compile_started.own = own
+    other = _lowered_in_another_thread("jit_f")
+    _compile_with(mesh_a, other)
+    try:
+        with jax.set_mesh(mesh_b):
+            chosen, errors, _ = compiles._this_compile()
+        assert chosen == [] and errors == []
+        # Its own failure, found: raised, and only it.
+        _compile_with(mesh_b, own)
+        with jax.set_mesh(mesh_b):
+            chosen, errors, _ = compiles._this_compile()
+        assert chosen == [own]
+        assert errors == ["wrong on {'data': 2, 'model': 4}"]
+    finally:
+        with compiles._pending_lock:
+            compiles._pending.pop(id(other), None)
+            compiles._pending.pop(id(own), None)
+        compiles._compile_started.at = None
+        compiles._compile_started.own = None

@@ -50,6 +50,7 @@ def compile_of(module_cache: dict, module_name: str) -> "Compile":
     compile_ = module_cache.get(_COMPILE_KEY)
     if compile_ is None:
         compile_ = module_cache[_COMPILE_KEY] = Compile(module_name)
+    _compile_started.lowered = compile_  # this thread's, for its next compile
     return compile_
 
 
@@ -125,6 +126,11 @@ def _on_scalar(event: str, value: Any, **kwargs: Any) -> None:
         _compile_started.at = value
         _compile_started.name = _module_name(str(kwargs.get("fun_name", "")))
         _compile_started.unwritten = None
+        # The module this thread lowered with checks, if it is the one compiled.
+        lowered = getattr(_compile_started, "lowered", None)
+        _compile_started.lowered = None
+        same = lowered is not None and lowered.module_name == _compile_started.name
+        _compile_started.own = lowered if same else None
     elif event == _custom_call.LOWERING_EVENT:
         _custom_call.on_lowering_start()
 
@@ -164,8 +170,14 @@ def _this_compile() -> tuple[list["Compile"], list[str], list[str]]:
     def fits(c: "Compile") -> bool:
         return here is None or c.mesh_shape is None or c.mesh_shape == here
 
-    mine = [c for c in recent if c.thread == thread and fits(c)]
-    if not mine:
+    own = getattr(_compile_started, "own", None) if started is not None else None
+    if own is not None:
+        # This thread lowered the module it compiles: its verdict is that
+        # module's alone, clean or not, never another thread's mismatches.
+        mine = [own] if own.found else []
+    else:
+        mine = [c for c in recent if c.thread == thread and fits(c)]
+    if not mine and own is None:
         mine = (
             [c for c in recent if c.module_name == module_name and fits(c)]
             or [c for c in recent if fits(c)]
@@ -184,6 +196,7 @@ def _on_compile_end() -> None:
     unwritten = getattr(_compile_started, "unwritten", None)
     _compile_started.unwritten = None
     mine, errors, warns = _this_compile()
+    _compile_started.own = None
     for message in dict.fromkeys(warns):
         warn_at_user_line(message)
     if unwritten is not None:
