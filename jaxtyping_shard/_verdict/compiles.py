@@ -181,7 +181,11 @@ def _this_compile() -> tuple[list["Compile"], list[str], list[str]]:
         mine = (
             [c for c in recent if c.module_name == module_name and fits(c)]
             or [c for c in recent if fits(c)]
-            or recent
+            # On no compile of this mesh: only what this thread lowered (its
+            # arrays on another mesh than the context's), never another
+            # thread's compile on another mesh (a clean compile, or one with
+            # no compile-time checks, records nothing of its own).
+            or [c for c in recent if c.thread == thread]
         )
     errors: list[str] = []
     warns: list[str] = []
