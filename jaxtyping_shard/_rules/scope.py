@@ -362,3 +362,9 @@ class UnderRules:
 
     def __repr__(self) -> str:
         return f"<{self._jts_inner!r} under axis rules {self._jts_rules!r}>"
+
+
+def rules_text() -> str:
+    """The axis rules in force as messages name them (`"none"` without any)."""
+    rules = current()
+    return "none" if rules is None else rules.describe()

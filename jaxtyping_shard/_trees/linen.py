@@ -37,7 +37,7 @@ from .._core.errors import ShardingAnnotationError
 from .._layout import given as _given, resolve as _resolve, spec as _spec
 from .._layout.conflicts import LINEN_SOURCE
 from .._layout.logical import annotation_for, LinenNames
-from .._rules.scope import current as _current_rules
+from .._rules.scope import rules_text as _rules_text
 from .._rules.table import AxisRules
 
 
@@ -262,8 +262,3 @@ def with_metadata(node: Any, where: str, hint: Any, field: Any, agree: Any) -> A
         "drop the field annotation (the box is read as an annotation) or make "
         "the two agree."
     )
-
-
-def _rules_text() -> str:
-    rules = _current_rules()
-    return "none" if rules is None else rules.describe()

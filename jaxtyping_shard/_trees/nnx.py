@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._core.errors import ShardingAnnotationError
 from .._layout import given as _given, resolve as _resolve, spec as _spec
 from .._layout.logical import annotation_for, MeshOrLogical
-from .._rules.scope import current as _current_rules
+from .._rules.scope import current as _current_rules, rules_text as _rules_text
 
 
 @ft.lru_cache(maxsize=256)
@@ -155,8 +155,3 @@ def disagreement(path_text: str, field: Any, node: Any) -> ShardingAnnotationErr
         "field annotation (the NNX metadata is read as an annotation) or make the "
         "two agree."
     )
-
-
-def _rules_text() -> str:
-    rules = _current_rules()
-    return "none" if rules is None else rules.describe()
