@@ -142,3 +142,24 @@ def test_the_linen_model_rolls_up_its_named_layers():
     assert layers.path.endswith("Transformer.layers_*")
     assert {c.name for c in layers.children} >= {"Attention", "Mlp"}
     assert node_named(root, "token_embedder").count > 0
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_weight_mislaid_in_the_blocks_grows_only_the_blocks(tmp_path, kind):
+    pytest.importorskip("flax.nnx")
+    from .test_nnx_collectives import WO, WO_WHOLE, copy
+
+    same = copy(tmp_path, f"same_{kind}")[0].collectives(kind).rollup()
+    mislaid = copy(tmp_path, f"wo_{kind}", WO, WO_WHOLE)[0].collectives(kind)
+    root = adds_up(mislaid)
+    assert root.bytes > same.bytes
+    if not FRAMES:
+        return
+    blocks, before = node_named(root, "blocks[*]"), node_named(same, "blocks[*]")
+    assert blocks.bytes - before.bytes == root.bytes - same.bytes > 0
+    # Every node outside the blocks (and not above them) is as it was.
+    for node in same.walk():
+        if node.path.startswith(blocks.path) or blocks.path.startswith(node.path):
+            continue
+        now = root.find(node.path)
+        assert now is not None and (now.count, now.bytes) == (node.count, node.bytes)
