@@ -147,7 +147,7 @@ def test_the_linen_model_rolls_up_its_named_layers():
 @pytest.mark.parametrize("kind", ["explicit", "auto"])
 def test_a_weight_mislaid_in_the_blocks_grows_only_the_blocks(tmp_path, kind):
     pytest.importorskip("flax.nnx")
-    from .test_nnx_collectives import WO, WO_WHOLE, copy
+    from .test_nnx_collectives import copy, WO, WO_WHOLE
 
     same = copy(tmp_path, f"same_{kind}")[0].collectives(kind).rollup()
     mislaid = copy(tmp_path, f"wo_{kind}", WO, WO_WHOLE)[0].collectives(kind)
