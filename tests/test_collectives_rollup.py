@@ -164,7 +164,7 @@ def test_layout_of_each_kind():
     assert _rollup.phase("jit(f)/jvp(g)/dot_general", True) == "forward"
     assert _rollup.phase("jit(f)/reduce_sum", True) == "other"
     assert _rollup.phase("jit(f)/reduce_sum", False) == "forward"
-    from jaxtyping_shard._report.layouts import layouts
+    from jaxtyping_shard._report.operand_layout import layouts
 
     assert layouts("reduce-scatter", "f32", (8, 4), 0, ("data",), 4) == (
         "float32[8,4]{U:data}",

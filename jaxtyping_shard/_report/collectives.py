@@ -22,8 +22,8 @@ from . import (
     export as _export,
     groups as _groups,
     hlo as _hlo,
-    layouts as _layouts,
     no_comm as _no_comm,
+    operand_layout as _layouts,
     rollup as _rollup,
     table as _table,
 )

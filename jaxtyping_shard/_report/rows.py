@@ -27,7 +27,7 @@ class Part(NamedTuple):
     # named scopes: `jit(step)/transpose(jvp(...))/dot_general`), `""` for none.
     op_name: str = ""
     phase: str = "forward"  # `forward`, `backward` or `other` (`rollup.py`)
-    # The operand's layout before and after, in JAX's notation (`layouts.py`):
+    # The operand's layout before and after, in JAX's notation (`operand_layout.py`):
     # `float32[8@data,4]` -> `float32[8,4]` for an all-gather over `data`.
     before: str = ""
     after: str = ""
