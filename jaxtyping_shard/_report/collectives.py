@@ -19,9 +19,12 @@ from .._rules.scope import per_call_step as _per_call_step
 from . import (
     budget as _budget,
     call_sites as _sites,
+    export as _export,
     groups as _groups,
     hlo as _hlo,
     no_comm as _no_comm,
+    operand_layout as _layouts,
+    rollup as _rollup,
     table as _table,
 )
 from .rows import Branch, Collective, Loop, Part, Total  # noqa: F401
@@ -62,6 +65,41 @@ class Collectives:
     def by_axes(self) -> dict[str, Total]:
         """Totals per combination of mesh axes (`data`, `data+model`)."""
         return self._totals(lambda r: r.over)
+
+    def by_phase(self) -> dict[str, Total]:
+        """Totals per pass, `forward`, `backward` and `other` (each part's
+        `phase`): they add up to `count` and `bytes` (`rollup()`'s root)."""
+        return dict(self.rollup().passes)
+
+    def rollup(self, by: str = "path") -> "_rollup.Node":
+        """The collectives rolled up into a tree of `Node`s (`name`, `path`,
+        `count`, `bytes`, `passes`, `children`; `find("blocks[*].attn")`),
+        the root the step: `by="path"` along each part's module path
+        (`Part.path`: `blocks[*].attn`), `by="annotated"` by the nearest
+        annotated function of its call site (one level). The nodes add up to
+        the report's totals exactly; printed, an indented tree."""
+        if by == "path":
+            key: Callable[[Part], tuple[str, ...]] = lambda p: p.path  # noqa: E731
+        elif by == "annotated":
+            key = _annotated
+        else:
+            raise ValueError(
+                f"rollup(by={by!r}): expected by='path' (the module path of each "
+                "part) or by='annotated' (the nearest annotated function)"
+            )
+        return _rollup.rollup(self.rows, self.function, key)
+
+    def table(self, detail: str = "rows") -> str:
+        """The report as text at a level of detail: `summary` (the totals by
+        kind, axes and pass), `modules` (the roll-up tree), `rows` (the
+        table `str(report)` prints) or `frames` (each row's parts with their
+        pass, layout before -> after, module path and call chain)."""
+        return _table.at_detail(self, detail)
+
+    def to_json(self) -> str:
+        """The report as a JSON string: every row with its fields, the
+        roll-up and the totals (schema: docs/collectives.md)."""
+        return _export.to_json(self)
 
     def _totals(self, key: Callable[[Collective], str]) -> dict[str, Total]:
         grouped: dict[str, list[Collective]] = {}
@@ -188,6 +226,7 @@ def collectives(
     coords = _groups.coordinates(mesh)
     explicit = _groups.explicit_axes(mesh)
     resolver = Resolver()
+    differentiates = _rollup.differentiated(sources.op_names())
     rows = []
     for raw in found:
         axes, over, size = _groups.axes(
@@ -195,20 +234,29 @@ def collectives(
         )
         reduces = raw.kind in ("all-reduce", "reduce-scatter") and bool(axes)
         reduces = reduces and set(axes) <= explicit
-        parts = tuple(
-            Part(
-                _shape(operand),
-                _moved(raw.kind, operand.bytes, size) * raw.executions,
-                resolver.source(sources.stack_for(raw.name, operand.name, graph)),
-                no_collectives=_no_comm.axes(
-                    sources.op_name_for(raw.name, operand.name, graph)
-                ),
-                deferred=bool(
-                    reduces and (raw.op == "reshard" or graph.out_of_loop(operand.name))
-                ),
+        parts = []
+        for operand in raw.operands:
+            op_name = sources.op_name_for(raw.name, operand.name, graph)
+            before, after = _layouts.layouts(
+                raw.kind, operand.dtype, operand.dims, raw.dimension, axes, size
             )
-            for operand in raw.operands
-        )
+            parts.append(
+                Part(
+                    _shape(operand),
+                    _moved(raw.kind, operand.bytes, size) * raw.executions,
+                    resolver.source(sources.stack_for(raw.name, operand.name, graph)),
+                    no_collectives=_no_comm.axes(op_name),
+                    deferred=bool(
+                        reduces
+                        and (raw.op == "reshard" or graph.out_of_loop(operand.name))
+                    ),
+                    op_name=op_name,
+                    phase=_rollup.phase(op_name, differentiates),
+                    before=before,
+                    after=after,
+                )
+            )
+        parts = tuple(parts)
         rows.append(
             Collective(
                 raw.kind,
@@ -236,8 +284,17 @@ def collectives(
             )
         )
     rows = _sites.assign(rows, resolver, sources.stacks())
+    rows = _rollup.paths(rows, _name(fn), resolver)
     rows.sort(key=_order)
     return Collectives(rows, _name(fn), mesh)
+
+
+def _annotated(part: Part) -> tuple[str, ...]:
+    found = _sites.of(part)
+    if found is None:
+        return ()
+    name = found.annotated or found.function
+    return (name,) if name else ()
 
 
 def at_most(rows: Iterable[Collective]) -> Total:

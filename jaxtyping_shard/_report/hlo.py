@@ -44,6 +44,7 @@ _CALLS = re.compile(
 )
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _NAME = re.compile(r"%?([\w.\-]+)")
+_DIMENSIONS = re.compile(r"\bdimensions=\{(\d+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
@@ -85,6 +86,7 @@ class RawCollective:
     # outermost first: the instruction and its trip count (None: unknown).
     loops: tuple[tuple[str, Optional[int]], ...] = ()
     op: str = ""  # the JAX primitive it was lowered from (its `op_name`'s last)
+    dimension: Optional[int] = None  # gathered / scattered / split (`dimensions=`)
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,7 @@ def read(text: str) -> tuple[list[RawCollective], Graph]:
                     inside.get(computation, ()),
                     loops.get(computation, ()),
                     _op(instruction.attributes),
+                    _dimension(instruction.attributes),
                 )
             )
     return found, Graph(
@@ -263,6 +266,13 @@ def _op(attributes: str) -> str:
     `reshard`; JAX 0.8 repeats the path, `jit(f)/reshard/jit(f)/reshard`)."""
     found = _OP_NAME.search(attributes)
     return found.group(1).rpartition("/")[2] if found else ""
+
+
+def _dimension(attributes: str) -> Optional[int]:
+    """The dim an all-gather gathers, a reduce-scatter scatters, an all-to-all
+    splits (`dimensions={0}`); None where the instruction says none."""
+    found = _DIMENSIONS.search(attributes)
+    return int(found.group(1)) if found else None
 
 
 def _kind(opcode: str) -> Optional[str]:

@@ -23,6 +23,16 @@ class Part(NamedTuple):
     # The axes `jts.no_collectives` forbids where it was made.
     no_collectives: frozenset[str] = frozenset()
     deferred: bool = False  # a value unreduced over its axes: `Collective.role`
+    # The op's name in the compiled program (JAX's name stack, transforms and
+    # named scopes: `jit(step)/transpose(jvp(...))/dot_general`), `""` for none.
+    op_name: str = ""
+    phase: str = "forward"  # `forward`, `backward` or `other` (`rollup.py`)
+    # The operand's layout before and after, in JAX's notation (`operand_layout.py`):
+    # `float32[8@data,4]` -> `float32[8,4]` for an all-gather over `data`.
+    before: str = ""
+    after: str = ""
+    # Its module path from the step (`("blocks[*]", "attn")`; `rollup.py`).
+    path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,13 @@ class Collective(NamedTuple):
     # call that takes its branch), and the `while` loops (`()`: once a call).
     branches: tuple[Branch, ...] = ()
     loops: tuple[Loop, ...] = ()
+
+    @property
+    def phase(self) -> str:
+        """`forward`, `backward` or `other`, that of its parts (`Part.phase`);
+        `mixed` when XLA merged parts of several passes."""
+        found = {p.phase for p in self.parts}
+        return found.pop() if len(found) == 1 else "mixed" if found else "other"
 
     @property
     def deferred(self) -> bool:

@@ -12,7 +12,7 @@ match its tables, and the frame it takes for the user's inline
 
 import linecache
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -150,6 +150,10 @@ class Sources:
         """The op's name in the program JAX lowered (`jit(f)/scope/dot_general`:
         its named scopes), `""` for none."""
         return self._op_names.get(instruction, "")
+
+    def op_names(self) -> Iterable[str]:
+        """The op names of every instruction read."""
+        return self._op_names.values()
 
     def op_name_for(self, collective: str, operand: str, graph: Any) -> str:
         """The op name of the instruction `stack_for` takes the frames of."""

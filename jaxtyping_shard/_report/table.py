@@ -4,6 +4,7 @@ source line of a merged one, and the totals."""
 from typing import Any
 
 from .._core import mesh as _mesh
+from .call_sites import chain
 from .text import format_bytes
 
 
@@ -96,3 +97,45 @@ def _by_source(parts: tuple) -> list:
         site = site_of(part)
         groups.setdefault(describe(site), (site, []))[1].append(part)
     return list(groups.values())
+
+
+DETAILS = ("summary", "modules", "rows", "frames")
+
+
+def at_detail(report: Any, detail: str) -> str:
+    """The report at one level of detail (`Collectives.table`)."""
+    if detail not in DETAILS:
+        raise ValueError(
+            f"table(detail={detail!r}): expected one of "
+            + ", ".join(repr(d) for d in DETAILS)
+        )
+    if detail == "rows":
+        return table(report)
+    full = table(report).splitlines()
+    head, totals = full[0], full[-2:]
+    passes = report.by_phase()
+    by_pass = "by pass: " + ", ".join(
+        f"{k} {t.count} ({format_bytes(t.bytes)})" for k, t in passes.items()
+    )
+    if detail == "summary":
+        return "\n".join([head, *totals, by_pass])
+    if detail == "modules":
+        tree = report.rollup().lines()
+        return "\n".join([head, "by module path:", *tree, *totals, by_pass])
+    lines = [head]
+    for row in report.rows:
+        kind = row.kind + (f" x{row.executions}" if row.executions > 1 else "")
+        lines.append(
+            f"{kind} over {row.over or '-'}, {format_bytes(row.bytes)}, "
+            f"{row.phase}{branches(row)}{loops(row)}"
+        )
+        for part in row.parts:
+            path = ".".join(part.path) or "(root)"
+            lines.append(
+                f"  {part.phase:8}  {part.before} -> {part.after}  "
+                f"{format_bytes(part.bytes)}  at {path}: {describe(site_of(part))}"
+            )
+            frames = chain(part.source.frames) if part.source is not None else ()
+            for frame in reversed(frames):
+                lines.append(f"      {frame}")
+    return "\n".join([*lines, *totals, by_pass])
