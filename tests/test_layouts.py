@@ -288,7 +288,7 @@ def step(x):
 def test_layouts(check_layouts):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     x = jax.ShapeDtypeStruct(
-        (8, 4), jnp.float32, sharding=NamedSharding(mesh, P("data"))
+        (8, 8), jnp.float32, sharding=NamedSharding(mesh, P("data"))
     )
     with jax.set_mesh(mesh):
         check_layouts(jts.layouts(step, x), "layouts.json")
@@ -319,4 +319,34 @@ def test_fixture_and_update_option(tmp_path):
     assert re.search(
         r"test_step.py:10( in `step`)?: return jax.lax.with_sharding", out.stdout
     )
-    assert "float32[8@data,4] -> float32[8,4@data]" in out.stdout
+    assert "float32[8@data,8] -> float32[8,8@data]" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "sharding, rank, expected",
+    [
+        (
+            "{mesh['data'=4,'model'=2], [{'data', 'model'}, {}]}",
+            2,
+            (("data", "model"), ()),
+        ),
+        (
+            "{mesh['data'=4,'model'=2], [{}, {'model', 'data'}]}",
+            2,
+            ((), ("model", "data")),
+        ),
+        ("{mesh['data'=4,'model'=2], [{'data'}]}", 1, (("data",),)),
+        ("{mesh[], replicated}", 2, ((), ())),
+        ("{mesh['data'=4,'model'=2], [{'data':(1)2}, {}]}", 2, None),  # a sub-axis
+        ("{mesh['x'=8], [{'x'}, {}]}", 2, None),  # not the user's mesh
+        ("{mesh['data'=4,'model'=2], [{'data'}, {}]}", 3, None),
+    ],
+)
+def test_xla_named_shardings_read_as_mesh_axes(sharding, rank, expected):
+    """The form XLA writes from JAX 0.12: its mesh, with the user's names."""
+    from jaxtyping_shard._report import groups
+
+    mesh = MESHES["auto"]()
+    assert (
+        propagated.entries(sharding, rank, groups.coordinates(mesh), mesh) == expected
+    )

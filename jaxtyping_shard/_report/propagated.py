@@ -109,9 +109,10 @@ def read(text: str, proto: Optional[bytes], mesh: Any) -> list[Raw]:
             shapes = _hlo.arrays(instruction.shape)
             if found is None or len(shapes) != 1 or "(" in instruction.shape:
                 continue
-            op = _hlo._op(instruction.attributes)
-            if not op:
-                continue
+            named = _hlo._OP_NAME.search(instruction.attributes)
+            if named is None or "/" not in named.group(1):
+                continue  # no JAX operation behind it (an argument's name)
+            op = named.group(1).rpartition("/")[2]
             start = found.end() - 1
             sharding = instruction.attributes[
                 start : _groups.closing(instruction.attributes, start) + 1
@@ -141,6 +142,8 @@ def entries(sharding: str, rank: int, coords: Any, mesh: Any) -> Any:
         return ((),) * rank
     if body == MANUAL:
         return MANUAL
+    if body.startswith("mesh["):
+        return _named(body, rank, mesh)
     if not body.startswith("devices=[") or mesh is None or coords is None:
         return None
     try:
@@ -168,6 +171,37 @@ def entries(sharding: str, rank: int, coords: Any, mesh: Any) -> Any:
     if ids.size and int(ids.max()) >= len(coords):
         return None
     return _axes(ids.reshape(dims), rank, coords, mesh)
+
+
+_NAMED = re.compile(r"mesh\[([^\]]*)\]\s*,\s*(.*)$", re.S)
+
+
+def _named(body: str, rank: int, mesh: Any) -> Any:
+    """XLA's named form (JAX >= 0.12): `mesh['data'=4,'model'=2], [{'data'},
+    {}]` with the mesh's own names; read where XLA's mesh is the user's (same
+    names and sizes, devices in order) and no dim holds a sub-axis."""
+    match = _NAMED.match(body)
+    if match is None:
+        return None
+    rest = match.group(2).strip()
+    if rest.startswith("replicated") or not match.group(1).strip():
+        return ((),) * rank if rest.startswith("replicated") else None
+    if "manual_axes" in rest:
+        return MANUAL
+    if mesh is None or "device_ids" in rest or not rest.startswith("["):
+        return None
+    sizes = [
+        (name.strip().strip("'"), int(size))
+        for name, size in (i.rsplit("=", 1) for i in match.group(1).split(","))
+    ]
+    if sizes != list(zip(mesh.axis_names, mesh.devices.shape)):
+        return None
+    dims = re.findall(r"\{([^{}]*)\}", rest[: _groups.closing(rest, 0) + 1])
+    if len(dims) != rank or ":" in rest[: _groups.closing(rest, 0) + 1]:
+        return None
+    return tuple(
+        tuple(a.strip().strip("'") for a in dim.split(",") if a.strip()) for dim in dims
+    )
 
 
 def _axes(tiles: np.ndarray, rank: int, coords: np.ndarray, mesh: Any) -> Any:
