@@ -8,6 +8,7 @@ a step with nothing to hold, or layouts not read, says so.
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -350,3 +351,38 @@ def test_xla_named_shardings_read_as_mesh_axes(sharding, rank, expected):
     assert (
         propagated.entries(sharding, rank, groups.coordinates(mesh), mesh) == expected
     )
+
+
+CACHED = """
+import os, sys, tempfile
+import jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp())
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+import jaxtyping_shard as jts
+mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+step = jax.jit(lambda a: jnp.sin(a) * 2)
+x = jax.device_put(jnp.ones((8, 4)), jax.sharding.NamedSharding(mesh, jax.P("data")))
+step(x)  # in the persistent cache now
+try:
+    print("ROWS", len(jts.layouts(step, x).rows))
+except RuntimeError as error:
+    print("RAISED", error)
+"""
+
+
+def test_the_persistent_cache_never_gives_a_silent_report(tmp_path):
+    """JAX's persistent cache drops dump options from its key: the compile is
+    kept out of it (JAX <= 0.10), or the report says it could not read (0.12);
+    never an empty report."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run(
+        [sys.executable, "-c", CACHED], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    if compat.JAX_VERSION >= (0, 12):
+        assert "RAISED layouts: XLA wrote no module" in out.stdout
+        assert "persistent compilation cache" in out.stdout
+    else:
+        assert re.search(r"ROWS [1-9]", out.stdout), out.stdout

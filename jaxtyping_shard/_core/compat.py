@@ -194,6 +194,21 @@ def hlo_stack_frames_usable() -> bool:
     return JAX_VERSION >= (0, 9)
 
 
+def without_persistent_cache() -> Any:
+    """A context in which a compile does not use JAX's persistent compilation
+    cache (which drops XLA's dump options from its key, so a step it holds
+    would be answered without the dump `layouts` reads). JAX's private
+    `config.enable_compilation_cache` state, thread-local; JAX 0.12 decides
+    once per process whether to use the cache, and there it does nothing
+    (`layouts` then says that no module was written)."""
+    try:
+        from jax._src import config as _config
+
+        return _config.enable_compilation_cache(False)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover
+        return contextlib.nullcontext()
+
+
 def hide_from_jax_source_info(directory: str) -> None:
     """Makes JAX's guess of an op's user frame skip the files under `directory`.
 

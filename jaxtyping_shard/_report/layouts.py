@@ -168,10 +168,13 @@ def layouts(fn: Any, *args: Any, axis_rules: Any = None, **kwargs: Any) -> Layou
     if text is None:
         raise RuntimeError(
             f"layouts: XLA wrote no module after sharding propagation for "
-            f"`{_name(fn)}` (the compile came from a cache, or this XLA names the "
-            f"pass otherwise than {' / '.join(_propagated._PASSES)}); its "
-            "layouts cannot be read. Turn off JAX's persistent compilation cache "
-            "for this call."
+            f"`{_name(fn)}`, so its layouts cannot be read: the compile came from "
+            "JAX's persistent compilation cache (which leaves XLA's dump options "
+            "out of its key; JAX 0.12 cannot be told to skip it once it is in "
+            "use), or this XLA names the pass otherwise than "
+            f"{' / '.join(_propagated._PASSES)}. Run it in a process without the "
+            "persistent cache (`jax_enable_compilation_cache=False` before the "
+            "first compile)."
         )
     concrete = _groups.mesh_of(compiled)
     found = []

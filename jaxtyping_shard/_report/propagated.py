@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .._core import compat as _compat
 from . import groups as _groups, hlo as _hlo
 from .sources import _fields, Frame, Sources
 
@@ -56,14 +57,15 @@ def compile_dumped(lowered: Any) -> tuple[Any, Optional[str], Optional[bytes]]:
     as when the compile came from a cache)."""
     folder = tempfile.mkdtemp(prefix="jts-layouts-")
     try:
-        compiled = lowered.compile(
-            compiler_options={
-                "xla_dump_to": folder,
-                "xla_dump_hlo_pass_re": "|".join(_PASSES),
-                "xla_dump_hlo_as_text": True,
-                "xla_dump_hlo_as_proto": True,
-            }
-        )
+        with _compat.without_persistent_cache():
+            compiled = lowered.compile(
+                compiler_options={
+                    "xla_dump_to": folder,
+                    "xla_dump_hlo_pass_re": "|".join(_PASSES),
+                    "xla_dump_hlo_as_text": True,
+                    "xla_dump_hlo_as_proto": True,
+                }
+            )
         found = sorted(
             path
             for stage in _PASSES
