@@ -338,6 +338,7 @@ def test_fixture_and_update_option(tmp_path):
         ),
         ("{mesh['data'=4,'model'=2], [{'data'}]}", 1, (("data",),)),
         ("{mesh[], replicated}", 2, ((), ())),
+        ("{mesh['data'=4,'model'=2], manual}", 2, propagated.MANUAL),
         ("{mesh['data'=4,'model'=2], [{'data':(1)2}, {}]}", 2, None),  # a sub-axis
         ("{mesh['x'=8], [{'x'}, {}]}", 2, None),  # not the user's mesh
         ("{mesh['data'=4,'model'=2], [{'data'}, {}]}", 3, None),
@@ -386,3 +387,49 @@ def test_the_persistent_cache_never_gives_a_silent_report(tmp_path):
         assert "persistent compilation cache" in out.stdout
     else:
         assert re.search(r"ROWS [1-9]", out.stdout), out.stdout
+
+
+NESTED = """
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+@jax.custom_vjp
+def scaled(x):
+    return x * 3.0  # custom_vjp
+
+
+scaled.defvjp(lambda x: (x * 3.0, None), lambda _, g: (g * 3.0,))
+
+
+def step(x):
+    a = jax.lax.cond(x.sum() > 0, lambda v: v + 1, lambda v: v - 1, x)
+    b = jax.checkpoint(lambda v: jnp.sin(v) * 2)(a)
+    c = scaled(b)
+    return jax.shard_map(lambda v: v * 5, in_specs=P("data"), out_specs=P("data"))(c)
+"""
+
+
+def test_inside_cond_remat_custom_vjp_and_shard_map(tmp_path, kind):
+    module = load(tmp_path, "nested", NESTED)
+    mesh = MESHES[kind]()
+    x, _ = inputs(mesh)
+    with jax.set_mesh(mesh):
+        report = jts.layouts(module.step, x)
+    by_text = {}
+    for row in report.rows:
+        if row.site is not None:
+            by_text.setdefault(row.site.text.split(" = ")[0], set()).add(row.layout)
+    for line in ("a", "b", "return x * 3.0  # custom_vjp"):
+        arrays = {t for t in by_text.get(line, ()) if not t.endswith("[]")}
+        assert arrays == {"float32[8@data,4]"}, (line, str(report))  # no scalars
+    assert report.where(op="sin").rows and report.where(op="add").rows
+    # Inside `shard_map`: each device's shard, said as such.
+    inside = [
+        r
+        for r in report.rows
+        if r.layout.endswith("{manual}") and not r.shape.endswith("[]")
+    ]
+    assert inside and all(r.layout.startswith("float32[2,4]") for r in inside)
+    assert not report.unread

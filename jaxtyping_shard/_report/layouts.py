@@ -256,10 +256,14 @@ def _from_types(jaxpr: Any, outer: tuple[Frame, ...], resolver: Resolver) -> Ite
             aval: Any = getattr(var, "aval", None)
             if getattr(aval, "shape", None) is None or not hasattr(aval, "dtype"):
                 continue
-            spec = getattr(getattr(aval, "sharding", None), "spec", None)
+            sharding = getattr(aval, "sharding", None)
+            spec = getattr(sharding, "spec", None)
             entries = _spec.entries_of(spec) if spec is not None else ()
             shape = _spec.format_array(aval.dtype, aval.shape, ())
             layout = _spec.format_array(aval.dtype, aval.shape, entries, spec)
+            types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+            if AxisType.Manual in (types or ()):
+                layout = f"{shape}{{manual}}"  # a `shard_map` body's: its shard
             source = resolver.source(stack)
             yield (eqn.primitive.name, shape, layout, source, True)
 

@@ -97,13 +97,17 @@ def _module_of(data: bytes) -> bytes:
 
 def read(text: str, proto: Optional[bytes], mesh: Any) -> list[Raw]:
     """Every array instruction of the module with a JAX operation behind it, in
-    every computation but the scalar functions of reductions (which have no
-    sharding), with its layout on `mesh`."""
+    the computations that run (the entry, `while` bodies, branches, calls; not
+    the scalar functions of reductions), with its layout on `mesh`."""
     module = _hlo._Module(text)
     sources = Sources(proto) if proto is not None else None
     coords = _groups.coordinates(mesh)
     out = []
-    for computation in module._lines:
+    if module.entry is None:
+        return []
+    # The computations that run (a copy XLA left uncalled is not the program's).
+    runs = _hlo._executions(module, module.entry)[0]
+    for computation in runs:
         for instruction in module.body(computation):
             if instruction.opcode in _SKIP:
                 continue
@@ -188,7 +192,7 @@ def _named(body: str, rank: int, mesh: Any) -> Any:
     rest = match.group(2).strip()
     if rest.startswith("replicated") or not match.group(1).strip():
         return ((),) * rank if rest.startswith("replicated") else None
-    if "manual_axes" in rest:
+    if rest.startswith(MANUAL) or "manual_axes" in rest:
         return MANUAL
     if mesh is None or "device_ids" in rest or not rest.startswith("["):
         return None
