@@ -10,9 +10,10 @@ import jax
 import pytest
 
 import jaxtyping_shard as jts
+from examples.transformer import layout as LAYOUT
 from jaxtyping_shard._report import propagated
 
-from .test_transformer_bugs import mutate, root  # noqa: F401 (a fixture)
+from .test_transformer_bugs import Bug, mutate, root  # noqa: F401 (a fixture)
 
 
 def report(kind, package="examples.transformer"):
@@ -41,11 +42,9 @@ def test_reference_step_layouts_by_line_and_held(tmp_path, kind):
 
 
 def test_auto_reading_adds_no_op():
-    from examples.transformer.layout import RULES
-
     _, train, args = report("auto")
     mesh = train.make_mesh((4, 2), "auto")
-    with jax.set_mesh(mesh), jts.axis_rules(RULES["fsdp_tp"]):
+    with jax.set_mesh(mesh), jts.axis_rules(LAYOUT.RULES["fsdp_tp"]):
         lowered = train.train_step.lower(*args)
     dumped, text, _ = propagated.compile_dumped(lowered)
     assert text is not None
@@ -61,8 +60,6 @@ MUTATION = (
 
 
 def test_an_intermediate_laid_out_anew_in_the_reference_is_caught(tmp_path, root):  # noqa: F811
-    from .test_transformer_bugs import Bug
-
     path = tmp_path / "layouts.json"
     report("auto")[0].save(path)
     package = mutate("layouts_softmax", Bug(*MUTATION, culprit=""), root)

@@ -30,6 +30,10 @@ try:
 except ImportError:  # pragma: no cover - a JAX without it
     _trace_state_clean = None
 try:
+    from jax._src import config as _jax_config
+except ImportError:  # pragma: no cover - a JAX without it
+    _jax_config = None
+try:
     from jax._src import source_info_util as _source_info_util
 except ImportError:  # pragma: no cover - a JAX without it
     _source_info_util = None
@@ -202,10 +206,8 @@ def without_persistent_cache() -> Any:
     once per process whether to use the cache, and there it does nothing
     (`layouts` then says that no module was written)."""
     try:
-        from jax._src import config as _config
-
-        return _config.enable_compilation_cache(False)
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover
+        return _jax_config.enable_compilation_cache(False)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # pragma: no cover - a JAX without it
         return contextlib.nullcontext()
 
 
