@@ -1,10 +1,12 @@
 """`jts.layouts` on the reference program: `examples/transformer`'s FSDP + TP
 training step on the 4x2 mesh, Explicit (the trace's types) and Auto (as XLA
 propagated, the compiled program unchanged by the reading), held to a
-baseline, and one planted mis-layout of an intermediate caught at its line.
+baseline, and one planted mis-layout of an intermediate (the loss's one-hot
+targets replicated) caught at its line on both meshes.
 """
 
 import importlib
+import re
 
 import jax
 import pytest
@@ -51,23 +53,34 @@ def test_auto_reading_adds_no_op():
     assert dumped.as_text() == lowered.compile().as_text()
 
 
+# The one-hot targets of the loss replicated: an intermediate no annotation
+# covers (the loss's result is a scalar either way); the step still trains.
 MUTATION = (
     "model.py",
-    "weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)",
-    "weights = jax.lax.with_sharding_constraint(jax.nn.softmax(jnp.where(causal, "
-    'scores, -1e9), axis=-1), jax.sharding.PartitionSpec(None, "model"))',
+    "targets = jts.reshard(jax.nn.one_hot(labels, logits.shape[-1]), Logits)",
+    "targets = jts.reshard(jax.nn.one_hot(labels, logits.shape[-1]), "
+    "jax.sharding.PartitionSpec())",
 )
 
 
-def test_an_intermediate_laid_out_anew_in_the_reference_is_caught(tmp_path, root):  # noqa: F811
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_an_intermediate_laid_out_anew_in_the_reference_is_caught(
+    tmp_path,
+    root,  # noqa: F811
+    kind,
+):
     path = tmp_path / "layouts.json"
-    report("auto")[0].save(path)
-    package = mutate("layouts_softmax", Bug(*MUTATION, culprit=""), root)
+    report(kind)[0].save(path)
+    package = mutate(f"layouts_targets_{kind}", Bug(*MUTATION, culprit=""), root)
     with pytest.raises(jts.LayoutChangeError) as caught:
-        report("auto", package)[0].check(path)
+        report(kind, package)[0].check(path)
     message = str(caught.value)
-    assert "laid out anew:" in message
-    assert (
-        "model.py:" in message
-        and "weights = jax.lax.with_sharding_constraint" in message
-    )
+    first = message.splitlines()[1]
+    assert "laid out anew: " in message
+    assert re.search(
+        r"model.py:\d+( in `cross_entropy`)?: targets = jts.reshard\(.*"
+        r"PartitionSpec\(\)\) \(was `model.py: targets = jts.reshard\(.*Logits\)`\): "
+        r"float32\[8@data,16,64@model\] -> float32\[8,16,64\]",
+        message,
+    ), message
+    assert "model.py" in first, message
