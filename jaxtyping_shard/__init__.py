@@ -12,6 +12,7 @@ from ._annotation.used import Used as Used
 from ._core.errors import (
     CollectiveBudgetError as CollectiveBudgetError,
     ForbiddenCollectiveError as ForbiddenCollectiveError,
+    LayoutChangeError as LayoutChangeError,
     PlacementError as PlacementError,
     ShardingAnnotationError as ShardingAnnotationError,
     ShardingTypeCheckError as ShardingTypeCheckError,
@@ -47,6 +48,11 @@ from ._report.collectives import (
     collectives as collectives,
 )
 from ._report.explain import explain as explain, Explanation as Explanation
+from ._report.layouts import (
+    Layout as Layout,
+    Layouts as Layouts,
+    layouts as layouts,
+)
 from ._report.memory import PreflightReport as PreflightReport
 from ._report.no_comm import no_collectives as no_collectives
 from ._report.preflight import preflight as preflight
@@ -159,7 +165,8 @@ __all__ = [
     "Float8e4m3b11fnuz", "Float8e4m3fn", "Float8e4m3fnuz",
     "Float8e5m2", "Float8e5m2fnuz", "Float16", "Float32", "Float64", "Inexact",
     "Int", "Int2", "Int4", "Int8", "Int16", "Int32", "Int64", "Integer", "Key",
-    "Like", "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
+    "Layout", "LayoutChangeError", "Layouts", "layouts", "Like",
+    "Logical", "Num", "PlacementError", "PreflightReport", "Real", "Shaped",
     "ShardingAnnotationError", "ShardingTypeCheckError", "ShardingWarning", "Stacked",
     "Tree",
     "TreeSummary", "UInt", "UInt2", "UInt4", "UInt8", "UInt16", "UInt32", "UInt64",

@@ -1,5 +1,6 @@
-"""pytest plugin: forced CPU devices for JAX, mesh fixtures, and a budget of
-collectives (the `check_collectives` fixture, `--update-collectives`).
+"""pytest plugin: forced CPU devices for JAX, mesh fixtures, a budget of
+collectives (the `check_collectives` fixture, `--update-collectives`) and a
+baseline of layouts (the `check_layouts` fixture, `--update-layouts`).
 
 Registered through the `pytest11` entry point, so it is active wherever
 jaxtyping_shard is installed, but it does nothing unless asked: pass
@@ -26,6 +27,7 @@ import pytest
 _FLAG = "--xla_force_host_platform_device_count"
 _NOTE = pytest.StashKey[str]()
 _REWRITTEN = pytest.StashKey[list]()
+_REWRITTEN_LAYOUTS = pytest.StashKey[list]()
 _SKIP_PREFIX = "jaxtyping_shard mesh fixture: "
 
 
@@ -46,6 +48,14 @@ def pytest_addoption(parser):
         default=False,
         help="rewrite the baselines of collectives that tests hold steps to with "
         "the check_collectives fixture, instead of comparing with them",
+    )
+    group.addoption(
+        "--update-layouts",
+        dest="update_layouts",
+        action="store_true",
+        default=False,
+        help="rewrite the baselines of layouts that tests hold steps to with the "
+        "check_layouts fixture, instead of comparing with them",
     )
     parser.addini(
         "jax_cpu_devices",
@@ -150,6 +160,13 @@ def pytest_terminal_summary(terminalreporter):
             + ", ".join(sorted(set(rewritten))),
             yellow=True,
         )
+    rewritten = terminalreporter.config.stash.get(_REWRITTEN_LAYOUTS, [])
+    if rewritten:
+        terminalreporter.write_line(
+            "jaxtyping_shard: rewrote the baseline of layouts "
+            + ", ".join(sorted(set(rewritten))),
+            yellow=True,
+        )
 
 
 def _devices(count: int):
@@ -225,5 +242,26 @@ def check_collectives(request):
         report.check(baseline, update=update, **bounds)
         if update:
             request.config.stash.setdefault(_REWRITTEN, []).append(str(baseline))
+
+    return check
+
+
+@pytest.fixture
+def check_layouts(request):
+    """Holds a step's intermediates to their layouts: `check_layouts(report,
+    baseline, **options)` calls `report.check(baseline, **options)` (a report
+    of `jaxtyping_shard.layouts`), or, under `pytest --update-layouts`,
+    rewrites the baseline file for the running JAX release and names it in the
+    summary. (Its own option: rewriting the collectives' budget rewrites no
+    golden file of layouts, and the other way round.)
+    """
+    update = bool(request.config.getoption("update_layouts"))
+
+    def check(report, baseline, **options):
+        report.check(baseline, update=update, **options)
+        if update:
+            request.config.stash.setdefault(_REWRITTEN_LAYOUTS, []).append(
+                str(baseline)
+            )
 
     return check

@@ -30,6 +30,10 @@ try:
 except ImportError:  # pragma: no cover - a JAX without it
     _trace_state_clean = None
 try:
+    from jax._src import config as _jax_config
+except ImportError:  # pragma: no cover - a JAX without it
+    _jax_config = None
+try:
     from jax._src import source_info_util as _source_info_util
 except ImportError:  # pragma: no cover - a JAX without it
     _source_info_util = None
@@ -192,6 +196,19 @@ def hlo_stack_frames_usable() -> bool:
     of its op metadata: from JAX 0.9. JAX 0.8 writes ids that point elsewhere in
     its tables, and inline the one frame it takes for the user's."""
     return JAX_VERSION >= (0, 9)
+
+
+def without_persistent_cache() -> Any:
+    """A context in which a compile does not use JAX's persistent compilation
+    cache (which drops XLA's dump options from its key, so a step it holds
+    would be answered without the dump `layouts` reads). JAX's private
+    `config.enable_compilation_cache` state, thread-local; JAX 0.12 decides
+    once per process whether to use the cache, and there it does nothing
+    (`layouts` then says that no module was written)."""
+    try:
+        return _jax_config.enable_compilation_cache(False)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # pragma: no cover - a JAX without it
+        return contextlib.nullcontext()
 
 
 def hide_from_jax_source_info(directory: str) -> None:

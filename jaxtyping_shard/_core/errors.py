@@ -49,6 +49,16 @@ class CollectiveBudgetError(AssertionError):
     """
 
 
+class LayoutChangeError(AssertionError):
+    """An intermediate of a step laid out otherwise than its baseline says.
+
+    Raised by `jaxtyping_shard.Layouts.check`: each line whose operation's
+    results are laid out anew (old and new layout in JAX's notation), each new
+    intermediate, each gone; a report with nothing to hold (no intermediates,
+    or layouts not read). An `AssertionError`, so a test fails on it.
+    """
+
+
 class ForbiddenCollectiveError(Exception):
     """An op that would communicate over a mesh axis that
     [`jaxtyping_shard.no_collectives`][] forbids there.
@@ -72,6 +82,7 @@ class ShardingWarning(UserWarning):
 
 for _cls in (
     CollectiveBudgetError,
+    LayoutChangeError,
     PlacementError,
     ShardingAnnotationError,
     ShardingTypeCheckError,
