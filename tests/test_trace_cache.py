@@ -17,8 +17,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 import jaxtyping_shard as jts
-from jaxtyping_shard import Float
-from jaxtyping_shard._annotation import dtypes as _dtypes
+from jaxtyping_shard import Float, Int
+from jaxtyping_shard._annotation import dtypes as _dtypes, hot_path as _hot_path
 from jaxtyping_shard.pytest_plugin import make_mesh
 
 from .helpers import CHECK_ERRORS, make_identity, place
@@ -46,6 +46,7 @@ def counted(monkeypatch):
         return real(cls, obj)
 
     monkeypatch.setattr(_dtypes, "check", counting)
+    monkeypatch.setattr(_hot_path, "_SHARED", {})  # no pass kept by other tests
     return calls
 
 
@@ -100,6 +101,26 @@ def test_a_pass_is_kept_per_type_and_only_a_pass(counted, ann):
     # One verdict for the 100 checks of `x`; the failure twice (never kept);
     # one for the new shape.
     assert len(counted) == 4
+
+
+def test_a_pass_is_shared_by_the_annotations_of_one_layout(counted):
+    # A model's fields are as many annotations: the verdict is the layout's,
+    # jaxtyping's dtype and dims check each annotation's own.
+    mesh = make_mesh((4, 2), ("data", "model"), "explicit")
+    first = Float[Array, "b e", P("data", None)]
+    same = [Float[Array, "rows cols", P("data")], Float[Array, "b@data e"]]
+    wrong = [Float[Array, "4 4", P("data", None)], Int[Array, "b e", P("data", None)]]
+    other = Float[Array, "b e", P("model", None)]
+    seen = []
+
+    def f(x):
+        seen.extend(isinstance(x, a) for a in [first, *same, *wrong, other])
+        seen.extend(isinstance(x, a) for a in [first, *same, *wrong, other])
+        return x
+
+    _trace(f, place(mesh, (8, 4), P("data")))
+    assert seen == [True, True, True, False, False, False] * 2
+    assert counted == [first, other, other]  # shape and dtype fail first
 
 
 @pytest.mark.parametrize("setter", SETTERS, ids=lambda s: s.__name__)
@@ -250,3 +271,18 @@ def test_the_kept_types_are_bounded(monkeypatch):
     _trace(f, place(mesh, (8, 4), P("data")))
     assert seen == [True] * 20
     assert 0 < len(ann._jts_traced) <= 8
+
+
+def test_jts_jit_names_the_leaf_after_a_kept_pass(kind_mesh):
+    _, mesh = kind_mesh
+    good, bad = place(mesh, (8, 4), P("data")), place(mesh, (8, 4), P("model"))
+
+    def f(x: list[A]) -> list[A]:
+        return x
+
+    g = jts.jit(f)
+    assert len(g([good, good, good])) == 3
+    with pytest.raises(CHECK_ERRORS) as caught:
+        g([good, bad, good])
+    assert "x[1]" in str(caught.value) and "x[0]" not in str(caught.value)
+    assert len(g([good, good, good])) == 3

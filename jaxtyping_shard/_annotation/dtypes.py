@@ -77,7 +77,7 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
                 # scheduled from it (the real pass follows).
                 return ""
             key = _hot_path.traced_key(cls, obj)
-            if key in cls._jts_traced:
+            if key in cls._jts_traced or _hot_path.kept_elsewhere(cls, key):
                 return ""
             message = check(_physical(cls, obj) if cls._jts_logical else cls, obj)
             return message or _hot_path.keep_traced(cls, key, obj.aval)

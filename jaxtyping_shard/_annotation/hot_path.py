@@ -104,13 +104,24 @@ def _not_an_array(cls: Any, obj: Any) -> bool:
 # new mesh, spec, shape or table is a new key, and the mode decides only what
 # a failure does (failures are never kept). Auto axes (the verdict is XLA's,
 # scheduled per value) and Manual ones (`shard_map`: the dims are the global
-# array's) are never kept.
+# array's) are never kept. The passes are also kept by layout, for every
+# annotation (`_SHARED`): a model's fields are as many annotations, of a few
+# layouts, each checked once a trace (the verdict reads only the layout;
+# jaxtyping's dtype and dims check is each annotation's own, and still runs).
 _TRACED_LIMIT = 1024
+_SHARED: dict = {}  # (layout, key): a pass of any annotation of that layout
+_SHARED_LIMIT = 4096
 
 
 def traced_key(cls: Any, obj: Any) -> Any:
     """The key of a tracer's verdict against `cls` in `cls._jts_traced`."""
     return (obj.aval, _current_rules()) if cls._jts_logical else obj.aval
+
+
+def kept(cls: Any, obj: Any) -> bool:
+    """Whether `cls` (any annotation) passed the tracer `obj`'s type before."""
+    traced = getattr(cls, "_jts_traced", None)
+    return traced is not None and traced_key(cls, obj) in traced
 
 
 def keep_traced(cls: Any, key: Any, aval: Any) -> str:
@@ -122,11 +133,24 @@ def keep_traced(cls: Any, key: Any, aval: Any) -> str:
         return ""
     if any(t != _EXPLICIT for t in mesh.axis_types):
         return ""
-    kept = cls._jts_traced
-    if len(kept) >= _TRACED_LIMIT:
+    _keep(cls._jts_traced, key, _TRACED_LIMIT)
+    _keep(_SHARED, (cls._jts, key), _SHARED_LIMIT)
+    return ""
+
+
+def kept_elsewhere(cls: Any, key: Any) -> bool:
+    """Whether an annotation of `cls`'s layout passed this type (then kept by
+    `cls` too)."""
+    if (cls._jts, key) not in _SHARED:
+        return False
+    _keep(cls._jts_traced, key, _TRACED_LIMIT)
+    return True
+
+
+def _keep(kept: dict, key: Any, limit: int) -> None:
+    if len(kept) >= limit:
         kept.clear()
     kept[key] = True
-    return ""
 
 
 _EXPLICIT = jax.sharding.AxisType.Explicit
