@@ -19,6 +19,7 @@ import _placement  # beside this file, as _timing
 import _preflight_cost  # beside this file
 import _scaling  # beside this file
 import _timing  # beside this file
+import _trace  # beside this file
 import _transformer  # beside this file
 import _tree_figures  # beside this file
 import jax
@@ -160,7 +161,7 @@ def jit_steady(settings: Settings) -> list[dict]:
     ]
 
 
-# Figures 5 and 6: compile and trace time of 100 checks.
+# Figure 5: compile time of 100 checks (figure 6, trace time, is _trace.py's).
 
 
 def _chain(annotation: Any, bare_inspect: bool) -> Any:
@@ -231,35 +232,6 @@ def compile_time(settings: Settings) -> list[dict]:
     ]
 
 
-def trace_time(settings: Settings) -> dict:
-    mesh = make_mesh("explicit")
-    x = place(mesh, P("data", None))
-
-    def trace_of(annotation: Any) -> Callable[[], float]:
-        return lambda: timed(lambda: jax.jit(_chain(annotation, False)).trace(x))
-
-    wrong = _chain(sharded(P("model", None)), False)
-    live = raises(lambda: jax.jit(wrong).trace(x), TypeError)
-    times = one_shots(
-        {"plain": trace_of(PLAIN), "ours": trace_of(sharded(P("data", None)))},
-        settings.one_shot_repeats,
-    )
-    extra = statistics.median(
-        (c - b) / CHAIN for c, b in zip(times["ours"], times["plain"])
-    )
-    return figure(
-        "6. trace, 100 Explicit checks",
-        f"jax.jit(f).trace(x), caches cleared, {CHAIN} checks, Explicit: sharded "
-        "annotations / plain jaxtyping",
-        times["ours"],
-        times["plain"],
-        None,
-        "report",
-        live=live,
-        extra_per_check_s=extra,
-    )
-
-
 def run_all(smoke: bool, progress: TextIO) -> list[dict]:
     settings = Settings(smoke)
     assert jax.device_count() >= 8, "run.py forces 8 CPU devices before importing JAX"
@@ -268,7 +240,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("cached verdict", lambda: cache_hit(settings)),
         ("jit call", lambda: jit_steady(settings)),
         ("compile time", lambda: compile_time(settings)),
-        ("trace time", lambda: trace_time(settings)),
+        ("trace time", lambda: _trace.trace_figures(settings)),
         ("first call", lambda: first_call(settings)),
         ("place", lambda: _placement.place_batch(settings)),
         ("sharded_init memory", lambda: _init_memory.figures(smoke)),

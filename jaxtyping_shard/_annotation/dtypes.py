@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 # test_annotation.py::test_pytree_of_sharded_leaves).
 from jaxtyping._storage import get_treeflatten_memo as _in_pytree_structure_check
 
+from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError
 from .._core.modes import mode_flags, mode_reader
 from .._layout import (
@@ -49,6 +50,9 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
     __instancecheck__ = _hot_path.while_off_nowhere
 
     def __instancecheck_str__(cls, obj: Any) -> str:
+        if obj.__class__ is not ARRAY_IMPL and isinstance(obj, Tracer):
+            if _hot_path.traced_key(cls, obj) in cls._jts_traced:  # passed before
+                return _jaxtyping_instancecheck_str(cls._jts_base, obj)
         return _jaxtyping_instancecheck_str(cls, obj) or cls._jts_sharding_str(obj)
 
     def make_transparent(cls) -> None:
@@ -66,11 +70,17 @@ class _MetaShardedArray(_JaxtypingArrayMeta):
         """The sharding part of the check, after jaxtyping's has passed."""
         if cls._skip_instancecheck or mode_reader.value == "off":
             return ""
-        if isinstance(obj, Tracer) and _in_pytree_structure_check():
-            # jaxtyping's structure pass offers every leaf to every member of a
-            # `PyTree[Union[...]]`, shapes unchecked: nothing may be scheduled
-            # from it (the real pass follows).
-            return ""
+        if isinstance(obj, Tracer):
+            if _in_pytree_structure_check():
+                # jaxtyping's structure pass offers every leaf to every member of
+                # a `PyTree[Union[...]]`, shapes unchecked: nothing may be
+                # scheduled from it (the real pass follows).
+                return ""
+            key = _hot_path.traced_key(cls, obj)
+            if key in cls._jts_traced or _hot_path.kept_elsewhere(cls, key):
+                return ""
+            message = check(_physical(cls, obj) if cls._jts_logical else cls, obj)
+            return message or _hot_path.keep_traced(cls, key, obj.aval)
         if cls._jts_logical:
             cls = _physical(cls, obj)
         message = check(cls, obj)
@@ -111,11 +121,7 @@ def _hot_path_for(flags: Any) -> None:
 mode_flags.listen(_hot_path_for)
 
 
-class _Nothing:
-    """Never the `.sharding` of anything."""
-
-
-_NOTHING = _Nothing()
+_NOTHING: Any = object()  # never the `.sharding` of anything
 _TWIN_LIMIT = 1024
 
 
@@ -201,6 +207,7 @@ def _wrap(
             _jts_twins={},
             _jts_fast=(_NOTHING, None, None, None),
             _jts_twins_by_text={},
+            _jts_traced={},  # see hot_path.keep_traced
         ),
     )
     out.__qualname__ = name

@@ -22,6 +22,7 @@ from jax.core import Tracer
 # widths), so the memo stack is hidden while they are: read in this one place.
 from jaxtyping._storage import _shape_storage
 
+from .._annotation.hot_path import kept
 from .._core import site as _site
 from .._core.compat import ARRAY_IMPL
 from .._core.errors import ShardingAnnotationError, ShardingTypeCheckError
@@ -79,6 +80,10 @@ def leaf_failures(
                     if current_mode() == "warn":
                         warn_at_user_line(f"{_paths.path_name(name, path)}: {reason}")
                     continue
+            elif isinstance(leaf, Tracer) and not stacked and kept(checker, leaf):
+                # A type it passed on an Explicit mesh: jaxtyping's check alone,
+                # nothing to schedule, so no site to name.
+                reason = checker.__instancecheck_str__(leaf)  # type: ignore[union-attr]
             elif isinstance(leaf, Tracer) and not name_sites:
                 reason = reason_of(checker, leaf)
             elif isinstance(leaf, Tracer):
