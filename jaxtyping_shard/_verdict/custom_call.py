@@ -119,12 +119,16 @@ _MODULE_KEY = object()
 def emit(ctx: Any, value: Any, target: Any, index: int, value_mesh: Any) -> None:
     """Lowers check `index` of `target` on `value` (a primitive's lowering rule)."""
     module_context = ctx.module_context
-    mesh = _compile_mesh(module_context.axis_context, value_mesh)
+    cache = module_context.cached_primitive_lowerings
+    # One module, one axis context: its mesh is found once per value mesh.
+    mesh = cache.get((_MODULE_KEY, value_mesh))
+    if mesh is None:
+        mesh = _compile_mesh(module_context.axis_context, value_mesh)
+        cache[(_MODULE_KEY, value_mesh)] = mesh
     if mesh.size == 1:
         # One device: nothing for XLA to decide; the verdict is known now.
         target.report(index, NamedSharding(mesh, PartitionSpec()))
         return
-    cache = module_context.cached_primitive_lowerings
     module = cache.get(_MODULE_KEY)
     if module is None:
         module = cache[_MODULE_KEY] = Module(target)
