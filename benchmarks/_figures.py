@@ -164,10 +164,10 @@ def jit_steady(settings: Settings) -> list[dict]:
 # Figure 5: compile time of 100 checks (figure 6, trace time, is _trace.py's).
 
 
-def _chain(annotation: Any, bare_inspect: bool) -> Any:
+def _chain(annotation: Any, bare_inspect: bool, length: int = CHAIN) -> Any:
     def f(x):
         y = x
-        for _ in range(CHAIN):
+        for _ in range(length):
             y = jnp.sin(y)
             if not isinstance(y, annotation):
                 raise TypeError("check failed at trace time")
@@ -183,9 +183,11 @@ def compile_time(settings: Settings) -> list[dict]:
     x = place(mesh, P("data", None))
     ours_ann = sharded(P("data", None))
 
-    def compile_of(annotation: Any, bare: bool) -> Callable[[], float]:
+    def compile_of(
+        annotation: Any, bare: bool, length: int = CHAIN
+    ) -> Callable[[], float]:
         return lambda: timed(
-            lambda: jax.jit(_chain(annotation, bare)).lower(x).compile()
+            lambda: jax.jit(_chain(annotation, bare, length)).lower(x).compile()
         )
 
     def wrong_compile():
@@ -201,6 +203,16 @@ def compile_time(settings: Settings) -> list[dict]:
         },
         settings.one_shot_repeats,
     )
+    # 1,000 checks: one call of 1,000 operands (no results, no sharding rule),
+    # whose cost grows with its operands in proportion (figure 16: against bare).
+    long = 10 * CHAIN
+    times_long = one_shots(
+        {
+            "plain": compile_of(PLAIN, False, long),
+            "ours": compile_of(ours_ann, False, long),
+        },
+        max(1, settings.one_shot_repeats // 4),
+    )
     what = f"jax.jit(f).lower(x).compile(), caches cleared, {CHAIN} checks, Auto"
     return [
         figure(
@@ -211,6 +223,20 @@ def compile_time(settings: Settings) -> list[dict]:
             1.25,
             "≤ 1.25",
             live=live,
+            ratio_of_minima=round(min(times["ours"]) / min(times["plain"]), 4),
+        ),
+        figure(
+            "5. compile, 1,000 Auto checks",
+            f"{what.replace(str(CHAIN), f'{long:,}')}: sharded annotations / plain "
+            "jaxtyping",
+            times_long["ours"],
+            times_long["plain"],
+            None,
+            "report",
+            live=live,
+            ratio_of_minima=round(
+                min(times_long["ours"]) / min(times_long["plain"]), 4
+            ),
         ),
         figure(
             "5. compile, 100 bare inspects",

@@ -238,8 +238,8 @@ def _program(hlo_text: str) -> list[str]:
 
 @pytest.fixture(params=[True, False], ids=["shardy", "gspmd"])
 def partitioner(request):
-    # Shardy (JAX's default) or GSPMD propagates the layouts; the check's own
-    # sharding rule differs between them (`custom_call._pointwise_rule`, `_infer`).
+    # Shardy (JAX's default) or GSPMD propagates the layouts; the check's call
+    # (no results, no sharding rule) meets each differently (GSPMD asks `_infer`).
     before = jax.config.jax_use_shardy_partitioner  # pyright: ignore[reportAttributeAccessIssue]
     jax.config.update("jax_use_shardy_partitioner", request.param)
     yield request.param
@@ -248,7 +248,7 @@ def partitioner(request):
 
 @pytest.mark.filterwarnings("ignore:GSPMD sharding propagation")
 def test_checks_leave_the_compiled_program_as_it_was(mesh_auto, partitioner):
-    # Differential: the checks (merged into one call per block, their results
+    # Differential: the checks (merged into one call per block, with no results
     # unused) must not sway XLA's layouts; the compiled program is the unchecked
     # one. Random placements and annotations, checks in two blocks (a scan body).
     rng = np.random.default_rng(0)

@@ -79,9 +79,11 @@ def test_every_check_of_a_chain_still_runs(mesh_auto):
         jax.jit(ok).lower(x).compile()
 
 
-def test_a_long_block_is_merged_into_calls_of_at_most_64_checks(mesh_auto):
-    # XLA's compile of one call grows faster than its operands: 150 checks in one
-    # block are 3 calls (64 + 64 + 22), and a mismatch in the last one is found.
+def test_a_long_block_is_merged_into_one_call(mesh_auto):
+    # A call costs XLA a small module parsed in a new MLIR context (about 3 ms),
+    # and a call without results or sharding rule costs it in proportion to its
+    # operands: 150 checks in one block are one call, and a mismatch anywhere in
+    # it is found.
     from jaxtyping_shard._verdict import custom_call
 
     x = place(mesh_auto, (8, 4), P("data", None))
@@ -97,10 +99,10 @@ def test_a_long_block_is_merged_into_calls_of_at_most_64_checks(mesh_auto):
 
         return f
 
-    assert custom_call._MERGE_LIMIT == 64
     jax.clear_caches()
     text = jax.jit(chain(-1)).lower(x).as_text()
-    assert text.count(f"custom_call @{custom_call.CALL_TARGET}(") == 3
+    assert text.count(f"custom_call @{custom_call.CALL_TARGET}(") == 1
+    assert "sdy.sharding_rule" not in text
     with jts.sharding_errors():
         jax.jit(chain(-1)).lower(x).compile()
     for bad_at in (0, 63, 64, 149):
@@ -108,3 +110,52 @@ def test_a_long_block_is_merged_into_calls_of_at_most_64_checks(mesh_auto):
         with pytest.raises(jts.ShardingTypeCheckError, match="1 sharding mismatch"):
             with jts.sharding_errors():
                 jax.jit(chain(bad_at)).lower(x).compile()
+
+
+def test_shared_verdicts_never_hide_a_mismatch(mesh_auto):
+    # Checks with the same annotation, shape, dtype and mesh share passing
+    # verdicts (`auto._passing`), keyed by the sharding XLA chose too: of two
+    # such checks, the one XLA lays out otherwise is still caught, by its own
+    # line, whichever comes first; and a compile of the same program again
+    # (from the shared verdicts) passes and fails alike.
+    from jax.sharding import NamedSharding
+
+    x = place(mesh_auto, (8, 4), P())
+    want = Float[Array, "b e", P("data", None)]
+
+    def program(first: P, second: P):
+        def f(v):
+            a = jnp.sin(
+                jax.lax.with_sharding_constraint(v, NamedSharding(mesh_auto, first))
+            )
+            assert isinstance(a, want)  # line A
+            b = jnp.cos(
+                jax.lax.with_sharding_constraint(v, NamedSharding(mesh_auto, second))
+            )
+            assert isinstance(b, want)  # line B
+            return a + b
+
+        return f
+
+    good, bad = P("data", None), P("model", None)
+    for first, second, culprit in ((good, bad, "B"), (bad, good, "A")):
+        for _ in range(2):
+            jax.clear_caches()
+            with pytest.raises(jts.ShardingTypeCheckError) as caught:
+                with jts.sharding_errors():
+                    jax.jit(program(first, second)).lower(x).compile()
+            message = str(caught.value)
+            assert "1 sharding mismatch" in message
+            line = _line_of(f"# line {culprit}")
+            assert f"test_slow_path_costs.py:{line}" in message, message
+            assert "8@model" in message and "8@data" not in message
+    jax.clear_caches()
+    with jts.sharding_errors():
+        jax.jit(program(good, good)).lower(x).compile()
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as source:
+        return next(
+            i for i, text in enumerate(source, 1) if text.rstrip().endswith(marker)
+        )

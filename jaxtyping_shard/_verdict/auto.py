@@ -51,12 +51,27 @@ class CompileTimeCheck:
         # array instead; XLA may report another layout for an internal copy of it
         # (a constant copied per user), which would be a false alarm.
         self.on_result = False
+        # What the verdict depends on besides the sharding: checks that share it
+        # share their passing verdicts and fingerprints (a program's checks are
+        # mostly a few annotations on values of a few shapes).
+        self.inputs = (cls, self.members, self.shape, self.dtype, mesh)
 
     def __repr__(self) -> str:
         return f"<check {self.cls._jts.text} on {self.site.describe()}>"
 
     def mismatch(self, sharding: Any, batch_dims: tuple[int, ...]) -> Optional[str]:
         """`None` when `sharding` (of the value, batch dims included) matches."""
+        key = (self.inputs, batch_dims, sharding)
+        if key in _passing:
+            return None
+        mismatch = self._mismatch(sharding, batch_dims)
+        if mismatch is None:
+            if len(_passing) >= _CACHE_LIMIT:
+                _passing.clear()
+            _passing[key] = None
+        return mismatch
+
+    def _mismatch(self, sharding: Any, batch_dims: tuple[int, ...]) -> Optional[str]:
         ndim = len(self.shape)
         cls = self.cls
         anyof = (cls, *self.members)  # a Union: any member whose shape fits
@@ -105,6 +120,15 @@ class CompileTimeCheck:
         process: part of the check's key in the compiled program (`custom_call`),
         so that a program is only ever found in JAX's persistent cache under the
         checks it was compiled with. The site only words the message: left out."""
+        key = (self.inputs, self.mode, self.on_result, batch_dims)
+        text = _fingerprints.get(key)
+        if text is None:
+            if len(_fingerprints) >= _CACHE_LIMIT:
+                _fingerprints.clear()
+            text = _fingerprints[key] = self._fingerprint(batch_dims)
+        return text
+
+    def _fingerprint(self, batch_dims: tuple[int, ...]) -> str:
         mesh = self.mesh
         layouts = [
             (m._jts.entries(len(self.shape)), m._jts.axes)
@@ -134,6 +158,13 @@ class CompileTimeCheck:
             warnings.warn(message, ShardingWarning, stacklevel=2)
             return
         raise ShardingTypeCheckError(message)
+
+
+# Keyed by `CompileTimeCheck.inputs` and what else decides (above). Maximal and
+# Untileable shardings are keyed by identity: never found again, which is safe.
+_CACHE_LIMIT = 4096
+_passing: dict = {}
+_fingerprints: dict = {}
 
 
 def _drop_dims(sharding: Any, dims: tuple[int, ...]) -> Any:

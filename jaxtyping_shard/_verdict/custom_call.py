@@ -17,13 +17,19 @@ check by what the program is, not by where it lives in memory:
   merged into one custom call at the block's end, keyed `jts:<digest>:<block>`;
   the digest hashes the module without its locations and the verdict's inputs of
   every check, so one program gives the same bytes in every process and a key
-  names one program. One call per block of up to 64 checks: XLA parses a small
-  module for each call it partitions this way (a few ms each), and its work on
-  one call grows faster than the call's operands (figure 16 of benchmarks/);
+  names one program. One call per block, however many checks: XLA parses a
+  small module (a new MLIR context) for each call it partitions this way, about
+  3 ms a call, and a call's own cost grows with its operands in proportion
+  (figures 5 and 16 of benchmarks/);
+- the call has operands and no results, and no sharding rule: nothing uses it,
+  so XLA's propagation has nothing to carry through it and decides its operands'
+  layouts as it would without it (a call with results needed a rule, which cost
+  Shardy a factor per dim, and its results were laid out again, dead code XLA
+  then removed);
 - XLA's partitioner calls `_partition` with the operands' shardings (from its own
   threads); the key finds the checks (of every live module of that program) and
-  hands each its sharding. The call becomes its operands: nothing of it is left
-  in the compiled program.
+  hands each its sharding. The call becomes nothing: none of it is left in the
+  compiled program.
 """
 
 import functools
@@ -42,7 +48,7 @@ import numpy as np
 from jax._src import sharding_impls, xla_bridge
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo, sdy
+from jax._src.lib.mlir.dialects import hlo
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -52,7 +58,6 @@ from .._core import compat as _compat
 CALL_TARGET = "jts_check_sharding"
 _PENDING = "jts-pending"
 _FINAL = "jts"
-_MERGE_LIMIT = 64  # checks a call; 1,000 checks: 0.96x bare inspects (1 call: 1.26x)
 
 
 class Maximal:
@@ -87,9 +92,13 @@ def as_sharding(hlo_sharding: Any, mesh: Any) -> Any:
     return NamedSharding(mesh, spec)
 
 
+# XLA reports the same few shardings for most checks of a program.
+_as_sharding = functools.lru_cache(maxsize=1024)(as_sharding)
+
+
 class Module:
     """The checks of one lowered module: for each, the mesh its sharding is read
-    on and its element type; reports go to `target.report(index, sharding)`."""
+    on; reports go to `target.report(index, sharding)`."""
 
     _tokens = itertools.count()
 
@@ -98,11 +107,10 @@ class Module:
         self.target = target
         self.token = next(self._tokens)
         self.meshes: dict[int, Any] = {}
-        self.types: dict[int, str] = {}
         self.keys: list[str] = []
 
     def report(self, index: int, hlo_sharding: Any) -> None:
-        self.target.report(index, as_sharding(hlo_sharding, self.meshes[index]))
+        self.target.report(index, _as_sharding(hlo_sharding, self.meshes[index]))
 
 
 _MODULE_KEY = object()
@@ -111,12 +119,16 @@ _MODULE_KEY = object()
 def emit(ctx: Any, value: Any, target: Any, index: int, value_mesh: Any) -> None:
     """Lowers check `index` of `target` on `value` (a primitive's lowering rule)."""
     module_context = ctx.module_context
-    mesh = _compile_mesh(module_context.axis_context, value_mesh)
+    cache = module_context.cached_primitive_lowerings
+    # One module, one axis context: its mesh is found once per value mesh.
+    mesh = cache.get((_MODULE_KEY, value_mesh))
+    if mesh is None:
+        mesh = _compile_mesh(module_context.axis_context, value_mesh)
+        cache[(_MODULE_KEY, value_mesh)] = mesh
     if mesh.size == 1:
         # One device: nothing for XLA to decide; the verdict is known now.
         target.report(index, NamedSharding(mesh, PartitionSpec()))
         return
-    cache = module_context.cached_primitive_lowerings
     module = cache.get(_MODULE_KEY)
     if module is None:
         module = cache[_MODULE_KEY] = Module(target)
@@ -124,12 +136,10 @@ def emit(ctx: Any, value: Any, target: Any, index: int, value_mesh: Any) -> None
         if _lowering.stack:  # JAX announced this lowering: final keys at its end
             module.ir_module = module_context.module
             _lowering.stack[-1].append(module)
+        # One entry for all its pending calls: the index is the key's last part.
+        _register(f"{_PENDING}:{module.token}", module, ())
     module.meshes[index] = mesh
-    module.types[index] = str(ir.RankedTensorType(value.type).element_type)
-    key = f"{_PENDING}:{module.token}:{index}"
-    _register(key, module, (index,))
-    # A call merged when the lowering ends needs no sharding rule of its own.
-    _custom_call([value], key, rule=module.ir_module is None)
+    _custom_call([value], f"{_PENDING}:{module.token}:{index}")
 
 
 def _compile_mesh(axis_context: Any, value_mesh: Any) -> Any:
@@ -161,12 +171,11 @@ def _mesh_over(devices: tuple, abstract: Any) -> Any:
     )
 
 
-def _custom_call(operands: list, key: str, ip: Any = None, rule: bool = True) -> Any:
-    """One `jts_check_sharding` call on `operands`, results unused: each result is
-    its operand (Shardy: a pointwise rule; GSPMD: `_infer`, `_propagate_user`)."""
-    types = [v.type for v in operands]
-    op = hlo.CustomCallOp(
-        types,
+def _custom_call(operands: list, key: str, ip: Any = None) -> Any:
+    """One `jts_check_sharding` call on `operands`, with no results (see the
+    module's docstring)."""
+    return hlo.CustomCallOp(
+        [],
         operands,
         call_target_name=ir.StringAttr.get(CALL_TARGET),
         has_side_effect=ir.BoolAttr.get(True),  # kept although nothing uses it
@@ -176,30 +185,6 @@ def _custom_call(operands: list, key: str, ip: Any = None, rule: bool = True) ->
         operand_layouts=None,
         result_layouts=None,
         ip=ip,
-    )
-    if rule and jax.config.jax_use_shardy_partitioner:  # pyright: ignore[reportAttributeAccessIssue]
-        op.attributes["sdy.sharding_rule"] = _pointwise_rule(types)
-    return op
-
-
-def _pointwise_rule(types: list) -> Any:
-    """Each result dim is its operand's dim (one factor each, none shared)."""
-    sizes: list[int] = []
-    mappings = []
-    for t in types:
-        shape = ir.RankedTensorType(t).shape
-        first = len(sizes)
-        dims = [
-            sdy.DimMappingAttr.get(factor_indices=[first + d])
-            for d in range(len(shape))
-        ]
-        sizes.extend(shape)
-        mappings.append(sdy.TensorMappingAttr.get(dim_mappings=dims))
-    return sdy.OpShardingRuleAttr.get(
-        factor_sizes=sizes,
-        operand_mappings=mappings,
-        result_mappings=mappings,
-        is_custom=True,
     )
 
 
@@ -273,21 +258,22 @@ def finalize(module: Module) -> None:
     prefix = f"{_PENDING}:{module.token}:"
     blocks: list[tuple[Any, list]] = []
 
+    start = len(prefix)
+
     def visit(op: Any) -> Any:
         op = op.operation  # an OpView where the walk filters by class
         attributes = op.attributes
-        if "call_target_name" in attributes and "backend_config" in attributes:
-            if ir.StringAttr(attributes["call_target_name"]).value == CALL_TARGET:
-                key = ir.StringAttr(attributes["backend_config"]).value
-                if key.startswith(prefix):
-                    index = int(key[len(prefix) :])
-                    block = op.block
-                    for seen, ops in blocks:
-                        if seen == block and len(ops) < _MERGE_LIMIT:
-                            ops.append((op, index))
-                            break
-                    else:
-                        blocks.append((block, [(op, index)]))
+        # The prefix is this module's own: no other call's config starts so.
+        if "backend_config" in attributes:
+            key = ir.StringAttr(attributes["backend_config"]).value
+            if key.startswith(prefix):
+                block = op.block
+                for seen, ops in blocks:
+                    if seen == block:
+                        ops.append((op, int(key[start:])))
+                        break
+                else:
+                    blocks.append((block, [(op, int(key[start:]))]))
         return ir.WalkResult.ADVANCE
 
     _compat.walk_custom_calls(ir_module.operation, visit)
@@ -305,9 +291,9 @@ def finalize(module: Module) -> None:
         digest = hashlib.sha256(
             ir_module.operation.get_asm(enable_debug_info=False).encode()
         )
+        fingerprint = module.target.fingerprint
         for _, indices in merged:
-            for index in indices:
-                digest.update(module.target.fingerprint(index).encode())
+            digest.update("".join(map(fingerprint, indices)).encode())
         name = digest.hexdigest()[:32]
         pending, module.keys = module.keys, []
         for number, (call, indices) in enumerate(merged):
@@ -319,14 +305,19 @@ def finalize(module: Module) -> None:
 
 def _partition(arg_shapes, arg_shardings, result_shape, result_sharding, config):
     """XLA's SPMD partitioner, at a `jts_check_sharding` call: hands each check its
-    operand's sharding, and gives XLA the call's lowering, its operands as they are.
+    operand's sharding, and gives XLA the call's lowering: nothing, the operands
+    as they are (no reshard).
 
     Under a final key, several live modules may hold the same program (two `jit`s of
     one function): the last lowered is the one to compile (a `Lowered` compiled
     later than another of the same program gets the same verdict from it).
     """
     key = bytes(config).decode()
-    entries = _lookup(key)
+    if key.startswith(_PENDING):  # `jts-pending:<n>:<index>`, one check
+        module_key, _, index = key.rpartition(":")
+        entries = [(m, (int(index),)) for m, _ in _lookup(module_key)]
+    else:
+        entries = _lookup(key)
     if not entries:
         raise RuntimeError(
             f"jaxtyping_shard: no sharding check is registered under {key!r} in this "
@@ -339,44 +330,25 @@ def _partition(arg_shapes, arg_shardings, result_shape, result_sharding, config)
     ]
     for hlo_sharding, index in zip(shardings, indices):
         module.report(index, hlo_sharding)
-    tiles = tuple(
-        (tuple(s.tile(shape).dimensions()), module.types[i])
-        for s, shape, i in zip(shardings, arg_shapes, indices)
-    )
-    return _identity(tiles), shardings, _pack(result_shape, shardings)
+    return _NOTHING, shardings, _no_results(result_shape)
 
 
-@functools.lru_cache(maxsize=256)
-def _identity(tiles: tuple) -> bytes:
-    """A module that returns its arguments: the call's partitioned form."""
-    types = [
-        f"tensor<{'x'.join(map(str, dims))}x{dtype}>" if dims else f"tensor<{dtype}>"
-        for dims, dtype in tiles
-    ]
-    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(types))
-    names = ", ".join(f"%a{i}" for i in range(len(types)))
-    results = ", ".join(types)
-    return (
-        f"module @jts_check {{ func.func public @main({params}) -> ({results}) {{ "
-        f"return {names} : {results} }} }}"
-    ).encode()
+# The call's partitioned form: a module of no arguments that computes nothing.
+_NOTHING = b"module @jts_check { func.func public @main() { return } }"
 
 
-def _pack(shape: Any, shardings: list) -> Any:
-    if shape.is_tuple():
-        return xc.HloSharding.tuple_sharding(shape, shardings)
-    return shardings[0]
+def _no_results(shape: Any) -> Any:
+    """The sharding of the call's (empty) tuple of results."""
+    return xc.HloSharding.tuple_sharding(shape, [])
 
 
 def _infer(arg_shapes, arg_shardings, result_shape, config):
-    # GSPMD, forwards: each result is laid out as its operand.
-    if any(s is None for s in arg_shardings):
-        return None
-    return _pack(result_shape, list(arg_shardings))
+    # GSPMD, forwards: there are no results to lay out.
+    return _no_results(result_shape)
 
 
 def _propagate_user(sharding, shape, config):
-    # GSPMD, backwards: the results are unused; keep what the user asks.
+    # GSPMD, backwards: the call has no results, so no users; keep what it asks.
     return sharding
 
 
