@@ -200,11 +200,18 @@ def steady(kind: str, layers: int, size: int, settings: Settings, repeats: int) 
             jts.set_mode(previous)
         calls = {name: calls_per_call(fn, args) for name, fn in jits.items()}
         guard = guard_us(jits["annotations"], args)
-        plain_program = program(jits["plain"], args)
-        same = {
-            key: compare(plain_program, program(jits[key], args))
-            for key in ("checked", "annotations")
-        }
+        same = dict.fromkeys(("checked", "off", "annotations"), "not compared")
+        if not settings.smoke:  # two more compiles: the full run only
+            plain_program = program(jits["plain"], args)
+            same = {
+                key: compare(plain_program, program(jits[key], args))
+                for key in ("checked", "annotations")
+            }
+            default_mode("off")  # the mode is part of the trace's key
+            try:
+                same["off"] = compare(plain_program, program(jits["checked"], args))
+            finally:
+                default_mode("check")
         # `jts.jit(step)` is a `jax.jit` object: its calls take JAX's C++ path.
         fast_path = type(jits["checked"]) is type(jits["plain"])
         live = _live(jits["checked"], mesh, args) and _live(
@@ -252,9 +259,7 @@ def _rows(name: str, run: dict, target: float | None) -> list[dict]:
                 per_call_us=round(per_call_us(times[key], times["plain"]), 1),
                 floor_us=round(floor_us, 1),
                 python_calls_over_plain=extra_calls,
-                same_program_as_plain=run["same_program"][
-                    "annotations" if key == "annotations" else "checked"
-                ],
+                same_program_as_plain=run["same_program"][key],
                 **(
                     {"guard_us": round(run["guard_us"], 2)}
                     if key == "annotations"
@@ -302,8 +307,8 @@ def _first_call(kind: str, size: int, repeats: int) -> dict:
 def growth(settings: Settings) -> list[dict]:
     """The per-call cost at 30, 93 and 300 parameter leaves (Explicit, smallest
     batch): µs over plain and Python calls over plain, with their exponents."""
-    layer_counts = (3, 10) if settings.smoke else (3, 10, 33)
-    repeats = settings.repeats if settings.smoke else 51
+    layer_counts = (3, 10, 33)
+    repeats = 51
     runs = [steady("explicit", n, 8, settings, repeats) for n in layer_counts]
     leaves = [model.leaves_for(n) for n in layer_counts]
     rows = []
@@ -312,7 +317,9 @@ def growth(settings: Settings) -> list[dict]:
         floors = [per_call_us(r["times"]["again"], r["times"]["plain"]) for r in runs]
         extra = [r["calls"][key] - r["calls"]["plain"] for r in runs]
         guards = [r["guard_us"] for r in runs]
-        fitted = exponent(leaves, costs) if all(c > 0 for c in costs) else None
+        # A cost within its floor is noise: no exponent is fitted to noise.
+        above = all(c > 2 * abs(f) for c, f in zip(costs, floors))
+        fitted = exponent(leaves, costs) if above else None
         calls_fit = exponent(leaves, extra) if all(c > 0 for c in extra) else 0.0
         rows.append(
             dict(
@@ -323,7 +330,8 @@ def growth(settings: Settings) -> list[dict]:
                 target=None,
                 target_text="report",
                 verdict="report",
-                candidate_text=", ".join(f"{c:+.0f} µs" for c in costs),
+                candidate_text=", ".join(f"{c:+.0f} µs" for c in costs)
+                + ("" if above else " (within the floor)"),
                 baseline_text="floor " + ", ".join(f"{f:+.0f} µs" for f in floors),
                 per_call_us=[round(c, 1) for c in costs],
                 floor_us=[round(f, 1) for f in floors],
@@ -359,7 +367,8 @@ def figures(settings: Settings) -> list[dict]:
             rows[-1]["step_ms"] = round(step_ms, 2)
         if not settings.smoke:
             rows.append(_first_call(kind, sizes[0], 5))
-    rows.extend(growth(settings))
+    if not settings.smoke:  # 10 and 33 layers: compiles of seconds each
+        rows.extend(growth(settings))
     return rows
 
 
