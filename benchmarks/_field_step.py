@@ -23,6 +23,7 @@ import pstats
 import re
 import statistics
 import time
+import timeit
 from typing import Any
 
 import _field_model as model  # beside this file
@@ -31,6 +32,7 @@ from _scaling import exponent
 from _timing import default_mode, figure, interleaved, one_shots, Settings, timed
 
 import jaxtyping_shard as jts
+from jaxtyping_shard._core.modes import mode_reader
 
 
 TARGETS_MS = (5.0, 10.0, 20.0)
@@ -108,10 +110,6 @@ def guard_us(fn: Any, args: tuple) -> float:
     """What `jts.jit(in_shardings="annotations")`'s speculative call runs in
     Python before JAX's C++ dispatch (`Speculation.fits`, and entering and
     leaving `jax.no_tracing(True)`), µs a call: the best of five timeit runs."""
-    import timeit
-
-    from jaxtyping_shard._core.modes import mode_reader
-
     last = fn._last[mode_reader.value]
 
     def guard() -> None:
