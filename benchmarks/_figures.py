@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import _collectives  # beside this file, as _timing
 import _eager  # beside this file
+import _field_step  # beside this file
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
 import _preflight_cost  # beside this file
@@ -273,6 +274,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("check_tree", lambda: _tree_figures.check_tree_figure(settings)),
         ("jit, tree", lambda: _tree_figures.jit_tree_figures(settings)),
         ("transformer step", lambda: _transformer.figures(settings)),
+        ("field step", lambda: _field_step.figures(settings)),
         ("collectives", lambda: _collectives.figures(settings)),
         ("how the cost grows", lambda: _scaling.figures(settings)),
         ("preflight cost", lambda: _preflight_cost.figures(settings)),
@@ -296,6 +298,11 @@ def notes(figures: list[dict]) -> str:
             lines.append(f"{fig['name']}: one ratio a process: {ratios}")
         if "extra_per_check_s" in fig:
             lines.append(f"{fig['name']}: +{fmt_s(fig['extra_per_check_s'])} per check")
+        if "per_call_us" in fig:
+            lines.append(_field_step.note(fig))
+        elif "python_calls_over_plain" in fig:
+            extra = fig["python_calls_over_plain"]
+            lines.append(f"{fig['name']}: Python calls a call over plain: {extra}")
         if "plain_instancecheck_median_s" in fig:
             lines.append(
                 f"{fig['name']}: plain jaxtyping check "

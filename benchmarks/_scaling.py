@@ -226,11 +226,14 @@ def jit_growth(settings: Settings) -> list[dict]:
         jax.clear_caches()
         calls.append(python_calls(lambda tree=tree: _jits(tree)[0](tree)))
     ours, plain = _jits(tree)
-    ours(tree), plain(tree)
+    again = _jits(tree)[1]  # the noise floor: plain against a second plain
+    ours(tree), plain(tree), again(tree)
+    steady_calls = [steady_python_calls(fn, tree) for fn in (ours, plain)]
     steady = interleaved(
         {
             "plain": lambda: jax.block_until_ready(plain(tree)),
             "ours": lambda: jax.block_until_ready(ours(tree)),
+            "again": lambda: jax.block_until_ready(again(tree)),
         },
         settings,
         repeats=5 if settings.smoke else 51,
@@ -268,8 +271,28 @@ def jit_growth(settings: Settings) -> list[dict]:
             1.02,
             "1.00 (≤ 1.02)",
             live=live,
+            python_calls_over_plain=steady_calls[0] - steady_calls[1],
+        ),
+        figure(
+            f"15. jts.jit steady state, {n} leaves, noise floor",
+            "a second jax.jit with the same shardings / jax.jit (two equal sides)",
+            steady["again"],
+            steady["plain"],
+            None,
+            "report",
         ),
     ]
+
+
+def steady_python_calls(fn: Any, tree: list, n: int = 20) -> float:
+    """Python calls a steady-state call makes, its wait included (cProfile:
+    deterministic, so the machine's load cannot blur it)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(n):
+        jax.block_until_ready(fn(tree))
+    profile.disable()
+    return pstats.Stats(profile).total_calls / n  # type: ignore[attr-defined]
 
 
 def _chain(n: int, annotation: Any, bare: bool) -> Any:

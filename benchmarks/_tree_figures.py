@@ -113,7 +113,8 @@ def jit_tree_figures(settings: Settings) -> list[dict]:
     finally:
         _boundary.checked = checked
     plain = jax.jit(step)
-    for fn in (ours, unchecked, plain):
+    again = jax.jit(step)  # the noise floor: plain against a second plain
+    for fn in (ours, unchecked, plain, again):
         fn(params)
     walks: list[int] = []
     original = _tree.plan_for
@@ -129,6 +130,7 @@ def jit_tree_figures(settings: Settings) -> list[dict]:
                 "unchecked": lambda: jax.block_until_ready(unchecked(params)),
                 "ours": lambda: jax.block_until_ready(ours(params)),
                 "plain": lambda: jax.block_until_ready(plain(params)),
+                "again": lambda: jax.block_until_ready(again(params)),
             },
             settings,
         )
@@ -160,5 +162,14 @@ def jit_tree_figures(settings: Settings) -> list[dict]:
         times["plain"],
         None,
         "report",
+        jax_jit_object=type(ours) is type(plain),
     )
-    return [boundary, overall]
+    floor = figure(
+        "11. jit, 100-leaf tree, noise floor",
+        "a second jax.jit(step) / jax.jit(step) on the tree (two equal sides)",
+        times["again"],
+        times["plain"],
+        None,
+        "report",
+    )
+    return [boundary, overall, floor]
