@@ -131,7 +131,8 @@ def preflight(
     `.output_bytes`, `.total_bytes`, `.by_argument()`, `.by_top_level()`,
     `.largest(n)`, `.replicated`, `.checks`, `.as_dict()`; and, when the step
     was compiled on `mesh` itself (concrete, or `check_mesh="cpu"`),
-    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries`.
+    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries` (and with
+    `check_mesh="cpu"`, `.check_mesh_method`: `"one process"` or `"folded"`).
 
     **Raises:**
 
