@@ -17,6 +17,7 @@ import _eager  # beside this file
 import _field_step  # beside this file
 import _init_memory  # beside this file, as _timing
 import _placement  # beside this file, as _timing
+import _pod  # beside this file
 import _preflight_cost  # beside this file
 import _scaling  # beside this file
 import _timing  # beside this file
@@ -278,6 +279,7 @@ def run_all(smoke: bool, progress: TextIO) -> list[dict]:
         ("collectives", lambda: _collectives.figures(settings)),
         ("how the cost grows", lambda: _scaling.figures(settings)),
         ("preflight cost", lambda: _preflight_cost.figures(settings)),
+        ("pod step, check_mesh='cpu'", lambda: _pod.figures(settings)),
     ]
     figures: list[dict] = []
     for label, step in steps:

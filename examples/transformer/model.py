@@ -11,6 +11,7 @@ layout from its operands (`jts.einsum`). The activations (`Hidden`, `Heads`,
 """
 
 import dataclasses
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -52,6 +53,10 @@ class Config:
     layers: int = 2
     seq: int = 16
     batch: int = 16
+    # Rematerialisation of the scanned layers: a `jax.checkpoint_policies` name
+    # (what the backward pass keeps of each layer; the rest is recomputed), or
+    # None: every layer's activations kept for the backward pass.
+    remat: Optional[str] = None
 
 
 def _normal(key, shape, fan_in):
@@ -164,6 +169,7 @@ class Transformer(eqx.Module):
     blocks: jts.Stacked[Block]
     ln_f: Scale
     unembed: Unembedding
+    remat: Optional[str] = eqx.field(static=True)  # `Config.remat`
 
     def __init__(self, key, config: Config):
         k_embed, k_blocks, k_un = jax.random.split(key, 3)
@@ -172,16 +178,31 @@ class Transformer(eqx.Module):
         self.blocks = eqx.filter_vmap(lambda k: Block(k, config))(keys)
         self.ln_f = jnp.ones(config.embed)
         self.unembed = _normal(k_un, (config.embed, config.vocab), config.embed)
+        self.remat = config.remat
 
     @checked
     def __call__(self, tokens: Tokens) -> Logits:
         x = lookup(tokens, jts.as_used(self.embed, Embedding))
         # One layer at a time: a scan over the stacked layers compiles one block.
-        x, _ = jax.lax.scan(lambda x, block: (block(x), None), x, self.blocks)
+        x, _ = jax.lax.scan(_layer(self.remat), x, self.blocks)
         x = layer_norm(x, self.ln_f)
         # Column-parallel: the logits stay split over the vocabulary.
         unembed = jts.as_used(self.unembed, Unembedding)
         return jnp.einsum("bse,ev->bsv", x, unembed)
+
+
+def _layer(remat: Optional[str]):
+    """The scan's body: one block; under `remat`, rematerialised in the backward
+    pass, which then keeps only what the policy saves (the matmuls' outputs for
+    `dots_with_no_batch_dims_saveable`) and recomputes the rest."""
+
+    def layer(x, block):
+        return block(x), None
+
+    if remat is None:
+        return layer
+    policy = getattr(jax.checkpoint_policies, remat)
+    return jax.checkpoint(layer, policy=policy, prevent_cse=False)
 
 
 @checked

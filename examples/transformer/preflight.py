@@ -6,7 +6,10 @@ the program's own `init` and `load_batch`, abstractly (under `jax.eval_shape`:
 nothing is created), and prints `jts.preflight`'s report. No device is used.
 
 - `--mesh 512x8`, `--axes explicit|auto`, `--layers N`, `--layout fsdp_tp|fsdp|dp`,
-  `--hbm-gib G` (a budget per device).
+  `--hbm-gib G` (a budget per device), `--check-mesh cpu` (the step also
+  compiled on forced CPU devices in a child process, the mesh folded beyond
+  2,048 devices: its temporaries counted in the budget), `--remat POLICY|none`
+  (`POD.remat` by default).
 """
 
 import argparse
@@ -33,6 +36,10 @@ POD = Config(
     layers=32,
     seq=2048,
     batch=1024,  # 2 rows per `data` device: one per micro-batch
+    # Each layer's matmul outputs kept for the backward pass, the rest (the
+    # attention scores and weights, the norms, the activations) recomputed:
+    # without it the temporaries alone are 35 GiB per device (see README).
+    remat="dots_with_no_batch_dims_saveable",
 )
 
 
@@ -68,11 +75,15 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=POD.layers)
     parser.add_argument("--layout", default="fsdp_tp", choices=sorted(RULES))
     parser.add_argument("--hbm-gib", type=float, default=None)
+    parser.add_argument("--check-mesh", default=None, choices=["cpu"])
+    parser.add_argument("--remat", default=POD.remat)
     args = parser.parse_args(argv)
     shape = tuple(int(n) for n in args.mesh.split("x"))
-    config = dataclasses.replace(POD, layers=args.layers)
+    remat = None if args.remat == "none" else args.remat
+    config = dataclasses.replace(POD, layers=args.layers, remat=remat)
     hbm = None if args.hbm_gib is None else int(args.hbm_gib * 2**30)
-    report = preflight(config, make_mesh(shape, args.axes), args.layout, hbm_bytes=hbm)
+    options = {"hbm_bytes": hbm, "check_mesh": args.check_mesh}
+    report = preflight(config, make_mesh(shape, args.axes), args.layout, **options)
     print(report)
     return 0
 

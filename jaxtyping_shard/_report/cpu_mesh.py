@@ -16,10 +16,19 @@ collectives. The child is bounded by `TIMEOUT_S` and killed past it.
 
 One process holds at most `MAX_DEVICES` forced CPU devices for a compile (at
 2,049, XLA's CPU client fails "Multiprocess computations aren't implemented on
-the CPU backend"); a larger mesh is refused, naming the limit and the fixes.
+the CPU backend"). A larger mesh is *folded* (`method` "folded"): its largest
+axis divided by its smallest factor, again until the mesh fits, and the step
+compiled there with the same global shapes. Each folded axis divides the real
+one, so every dim the real mesh divides is divided there too and each check
+runs on the same specs; a device holds shards larger by the fold along that
+axis, so the temporaries are an estimate from above (the arguments and results
+are counted exactly, on the real mesh, by the trace) and the collectives'
+groups over it are smaller by the fold. (Several processes on loopback were the
+other way: each would compile the whole program, on 2 cores at twice the time.)
 """
 
 import dataclasses
+import math
 import os
 import pickle
 import subprocess
@@ -29,7 +38,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 
 from .._core import mesh as _mesh
 from .._rules import scope as _scope
@@ -64,11 +73,43 @@ class Compiled:
     peak_rss_bytes: int  # the child's peak resident memory
 
 
+def folded(mesh: Any) -> tuple:
+    """The axis sizes the step is compiled on for `mesh`: its own up to
+    `MAX_DEVICES` devices; beyond, its largest axis divided by its smallest
+    factor, again until they fit."""
+    sizes = list(mesh.axis_sizes)
+    while math.prod(sizes) > MAX_DEVICES:
+        i = max(range(len(sizes)), key=lambda j: sizes[j])
+        sizes[i] //= next(f for f in range(2, sizes[i] + 1) if sizes[i] % f == 0)
+    return tuple(sizes)
+
+
+def method(mesh: Any) -> str:
+    """`report.check_mesh_method`: "one process" (the mesh itself) or "folded"."""
+    return "one process" if folded(mesh) == tuple(mesh.axis_sizes) else "folded"
+
+
 def describe(mesh: Any) -> str:
     """How `checks.compiled_on` names the compile."""
+    sizes = folded(mesh)
+    if sizes == tuple(mesh.axis_sizes):
+        return (
+            f"{_mesh.format_mesh(mesh)}: {mesh.size:,} forced CPU devices in one "
+            "child process (check_mesh='cpu')"
+        )
+    compiled = AbstractMesh(sizes, mesh.axis_names, axis_types=mesh.axis_types)
+    folds = ", ".join(
+        f"'{name}' {real // size}x"
+        for name, real, size in zip(mesh.axis_names, mesh.axis_sizes, sizes)
+        if real != size
+    )
     return (
-        f"{_mesh.format_mesh(mesh)}: {mesh.size} forced CPU devices in one child "
-        "process (check_mesh='cpu')"
+        f"{_mesh.format_mesh(compiled)}: {compiled.size:,} forced CPU devices in "
+        f"one child process, the mesh {_mesh.format_mesh(mesh)} folded ({folds} "
+        f"smaller; one process holds at most {MAX_DEVICES:,}): each device's "
+        "shards along a folded axis are larger by its fold, so the temporaries "
+        "are an estimate from above and the collectives' groups over it smaller "
+        "(check_mesh='cpu', method 'folded')"
     )
 
 
@@ -98,29 +139,20 @@ def check_mesh_of(check_mesh: Any, mesh: Any) -> Any:
 
 
 def compile_in_child(fn: Any, args: tuple, kwargs: dict, mesh: Any) -> Compiled:
-    """Compiles `fn(*args, **kwargs)` on a real CPU mesh like `mesh`, in a child."""
+    """Compiles `fn(*args, **kwargs)` on a real CPU mesh like `mesh` (folded
+    beyond `MAX_DEVICES`), in a child."""
     if os.environ.get(CHILD_ENV):
         raise RuntimeError(
             "preflight(check_mesh='cpu') was called inside its own child process: "
             "the child imported a script whose top-level code calls preflight. "
             "Put that code under `if __name__ == '__main__':`."
         )
-    if mesh.size > MAX_DEVICES:
-        raise ValueError(
-            f"preflight: check_mesh='cpu' compiles in one process of forced CPU "
-            f"devices, which holds at most {MAX_DEVICES:,} (XLA's CPU client fails "
-            "'Multiprocess computations aren't implemented on the CPU backend' "
-            f"beyond); the mesh {_mesh.format_mesh(mesh)} has {mesh.size:,}. "
-            "Preflight on the AbstractMesh alone (every trace-time check, no "
-            f"temporaries), or on a mesh of at most {MAX_DEVICES:,} devices with "
-            "the same axis names (e.g. one axis halved)."
-        )
     payload = {
         "fn": _reference(fn),
         "args": _leaves(abstract(args, mesh)),
         "kwargs": _leaves(abstract(kwargs, mesh)),
         "mesh": (
-            tuple(mesh.axis_sizes),
+            folded(mesh),
             tuple(mesh.axis_names),
             tuple(t.name for t in mesh.axis_types),
         ),
@@ -145,7 +177,7 @@ def compile_in_child(fn: Any, args: tuple, kwargs: dict, mesh: Any) -> Compiled:
         try:
             done = subprocess.run(
                 [*command, sent, back],
-                env=_environment(mesh.size),
+                env=_environment(math.prod(folded(mesh))),
                 capture_output=True,
                 timeout=TIMEOUT_S,
             )

@@ -112,6 +112,8 @@ class PreflightReport:
         # step's collectives at the real group sizes; None where not compiled.
         self.temporaries: Optional[list] = None
         self.collectives: Any = None
+        # check_mesh="cpu": "one process" (the mesh itself) or "folded"; else None.
+        self.check_mesh_method: Optional[str] = None
 
     @property
     def temporary_bytes(self) -> Optional[int]:
@@ -236,6 +238,7 @@ class PreflightReport:
             "total_bytes": self.total_bytes,
             "hbm_bytes": self.hbm_bytes,
             "temporary_bytes": self.temporary_bytes,
+            "check_mesh_method": self.check_mesh_method,
             "peak_bytes": self.peak_bytes,
             "max_replicated": self.max_replicated,
             "replicated_bytes": self.replicated_bytes,

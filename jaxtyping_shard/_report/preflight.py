@@ -111,7 +111,9 @@ def preflight(
         forced CPU devices), on which the step is also compiled (never run), so
         that the checks on `Auto` axes run; or `"cpu"`: a real mesh of `mesh`'s
         shape, names and types made of forced CPU devices in a child process
-        (up to 2,048 devices), where the step is compiled, so that every check
+        (beyond 2,048 devices, one process's limit, the mesh folded: its largest
+        axis divided until it fits, `report.check_mesh_method == "folded"`),
+        where the step is compiled, so that every check
         XLA decides runs at the real axis sizes, and `report.temporary_bytes`,
         `.temporaries` (by line) and `.collectives` come from that compile. The
         step must be importable there (see [Preflight](preflight.md)). Omitted:
@@ -129,7 +131,8 @@ def preflight(
     `.output_bytes`, `.total_bytes`, `.by_argument()`, `.by_top_level()`,
     `.largest(n)`, `.replicated`, `.checks`, `.as_dict()`; and, when the step
     was compiled on `mesh` itself (concrete, or `check_mesh="cpu"`),
-    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries`.
+    `.xla_memory`, `.temporary_bytes`, `.peak_bytes`, `.temporaries` (and with
+    `check_mesh="cpu"`, `.check_mesh_method`: `"one process"` or `"folded"`).
 
     **Raises:**
 
@@ -178,6 +181,7 @@ def preflight(
     report.hbm_bytes, report.xla_memory = hbm_bytes, xla_memory
     report.max_replicated = max_replicated
     if child is not None:
+        report.check_mesh_method = _cpu_mesh.method(mesh)
         report.temporaries = child.temporaries
         report.collectives = _cpu_mesh.collectives_of(child, name, mesh)
     over = _limits.over_lines(_head(name, mesh), report)
