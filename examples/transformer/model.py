@@ -184,7 +184,10 @@ class Transformer(eqx.Module):
     def __call__(self, tokens: Tokens) -> Logits:
         x = lookup(tokens, jts.as_used(self.embed, Embedding))
         # One layer at a time: a scan over the stacked layers compiles one block.
-        x, _ = jax.lax.scan(_layer(self.remat), x, self.blocks)
+        if self.remat is None:
+            x, _ = jax.lax.scan(lambda x, block: (block(x), None), x, self.blocks)
+        else:  # `Config.remat`: the layers rematerialised in the backward pass
+            x, _ = jax.lax.scan(_layer(self.remat), x, self.blocks)
         x = layer_norm(x, self.ln_f)
         # Column-parallel: the logits stay split over the vocabulary.
         unembed = jts.as_used(self.unembed, Unembedding)
