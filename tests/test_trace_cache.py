@@ -47,6 +47,10 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(_dtypes, "check", counting)
     monkeypatch.setattr(_hot_path, "_SHARED", {})  # no pass kept by other tests
+    # Nor by this module's annotations (jaxtyping caches `Float[...]`, so a test
+    # that runs earlier, as in the reversed order, warmed the same classes).
+    for ann in (A, INLINE, LOGICAL):
+        monkeypatch.setattr(ann, "_jts_traced", {})
     return calls
 
 
