@@ -62,6 +62,6 @@ def test_without_remat_the_temporaries_are_over_the_budget_named():
     assert report.total_bytes < 2**30  # arguments and results alone fit
     text = str(info.value)
     assert "is over the budget hbm_bytes=16.0 GiB" in text and "+ temporaries" in text
-    # Without remat the scan is written with its body on its own line.
+    # Without remat the scan's body is a lambda on the scan's own line.
     assert "temporary at model.py:" in text and "jax.lax.scan(lambda x, block" in text
     assert "rematerialise what the temporaries keep" in text

@@ -12,6 +12,7 @@ verdict is XLA's) and `shard_map` bodies keep nothing.
 
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array
@@ -47,11 +48,23 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(_dtypes, "check", counting)
     monkeypatch.setattr(_hot_path, "_SHARED", {})  # no pass kept by other tests
-    # Nor by this module's annotations (jaxtyping caches `Float[...]`, so a test
-    # that runs earlier, as in the reversed order, warmed the same classes).
-    for ann in (A, INLINE, LOGICAL):
-        monkeypatch.setattr(ann, "_jts_traced", {})
+    # Nor by any annotation's own cache: jaxtyping caches `Float[...]`, so a test
+    # that ran earlier (in any file, in any order) warmed the same classes.
+    for ann in _live_annotations():
+        ann._jts_traced.clear()  # a cache of passes only: emptying it is safe
     return calls
+
+
+def _live_annotations():
+    """Every sharded annotation class alive in this process: the subclasses of
+    jaxtyping's `AbstractArray` that this package made."""
+    seen, todo = set(), [jaxtyping.AbstractArray]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return [c for c in seen if isinstance(c, _dtypes._MetaShardedArray)]
 
 
 @pytest.fixture(params=["explicit", "auto"])
