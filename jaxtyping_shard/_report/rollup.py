@@ -115,13 +115,42 @@ def _segments(frames: tuple, resolver: Resolver) -> tuple[str, ...]:
     out = []
     for i, frame in enumerate(frames):
         caller = frames[i - 1] if i else None
-        seg = _segment(frame, caller, resolver)
+        # A named function that is the body of a loop over `self.attr` on its
+        # caller's line (`lax.scan(layer, x, self.blocks)`, or a body wrapped
+        # by `jax.checkpoint` first) is transparent, as a lambda there is; a
+        # module called in it is the loop's `attr[*]`.
+        looped = _loop_attr(caller, resolver) if _plain(frame) else ""
+        if looped:
+            continue
+        body = i >= 2 and _plain(frames[i - 1])
+        seg = _segment(
+            frame, caller, resolver, _loop_attr(frames[i - 2], resolver) if body else ""
+        )
         if seg:
             out.append(seg)
     return tuple(out)
 
 
-def _segment(frame: Frame, caller: Optional[Frame], resolver: Resolver) -> str:
+def _plain(frame: Frame) -> bool:
+    """A function that is no method: module-level or nested (`<locals>`)."""
+    owner = frame.function.rsplit(".", 2)[-2] if frame.function.count(".") else ""
+    return not owner or owner == "<locals>"
+
+
+def _loop_attr(caller: Optional[Frame], resolver: Resolver) -> str:
+    """The `self.attr` a `scan` / `vmap` / `fori_loop` on the caller's line
+    loops over (the last one the line names: `scan(_layer(self.remat), x,
+    self.blocks)` loops over `blocks`); `""` for none."""
+    if caller is None:
+        return ""
+    text = resolver.line(caller.file, caller.line)[0]
+    attrs = _SELF_ATTR.findall(text) if _LOOP.search(text) else []
+    return attrs[-1] if attrs else ""
+
+
+def _segment(
+    frame: Frame, caller: Optional[Frame], resolver: Resolver, in_loop: str = ""
+) -> str:
     qualified = frame.function
     name = qualified.rpartition(".")[2]
     if not name or name == "<lambda>" or name.startswith("<"):
@@ -139,10 +168,8 @@ def _segment(frame: Frame, caller: Optional[Frame], resolver: Resolver) -> str:
             return call.group(1) + ("[*]" if call.group(2) else "")
     if name != "__call__":
         return name
-    attr = _SELF_ATTR.search(text)
-    if attr and _LOOP.search(text):
-        return f"{attr.group(1)}[*]"
-    looped = _for_loop(text, caller, resolver)
+    looped = in_loop or _loop_attr(caller, resolver)
+    looped = looped or _for_loop(text, caller, resolver)
     if looped:
         return f"{looped}[*]"
     named = _NAMED.search(_arguments(text, owner))
