@@ -26,8 +26,13 @@ import pytest
 
 _FLAG = "--xla_force_host_platform_device_count"
 _NOTE = pytest.StashKey[str]()
-_REWRITTEN = pytest.StashKey[list]()
-_REWRITTEN_LAYOUTS = pytest.StashKey[list]()
+# The baselines a fixture holds reports to, each with its own --update-<what>
+# option (rewriting the collectives' budget rewrites no golden file of layouts,
+# and the other way round) and the files it rewrote, named in the summary.
+_REWRITTEN = {
+    "collectives": pytest.StashKey[list](),
+    "layouts": pytest.StashKey[list](),
+}
 _SKIP_PREFIX = "jaxtyping_shard mesh fixture: "
 
 
@@ -41,22 +46,15 @@ def pytest_addoption(parser):
         metavar="N",
         help="force N CPU devices for JAX (set before JAX initialises its backends)",
     )
-    group.addoption(
-        "--update-collectives",
-        dest="update_collectives",
-        action="store_true",
-        default=False,
-        help="rewrite the baselines of collectives that tests hold steps to with "
-        "the check_collectives fixture, instead of comparing with them",
-    )
-    group.addoption(
-        "--update-layouts",
-        dest="update_layouts",
-        action="store_true",
-        default=False,
-        help="rewrite the baselines of layouts that tests hold steps to with the "
-        "check_layouts fixture, instead of comparing with them",
-    )
+    for what in _REWRITTEN:
+        group.addoption(
+            f"--update-{what}",
+            dest=f"update_{what}",
+            action="store_true",
+            default=False,
+            help=f"rewrite the baselines of {what} that tests hold steps to with "
+            f"the check_{what} fixture, instead of comparing with them",
+        )
     parser.addini(
         "jax_cpu_devices",
         help="force this many CPU devices for JAX (jaxtyping_shard plugin)",
@@ -153,20 +151,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"jaxtyping_shard: {count} {tests} skipped: {reason}", yellow=True
         )
-    rewritten = terminalreporter.config.stash.get(_REWRITTEN, [])
-    if rewritten:
-        terminalreporter.write_line(
-            "jaxtyping_shard: rewrote the baseline of collectives "
-            + ", ".join(sorted(set(rewritten))),
-            yellow=True,
-        )
-    rewritten = terminalreporter.config.stash.get(_REWRITTEN_LAYOUTS, [])
-    if rewritten:
-        terminalreporter.write_line(
-            "jaxtyping_shard: rewrote the baseline of layouts "
-            + ", ".join(sorted(set(rewritten))),
-            yellow=True,
-        )
+    for what, key in _REWRITTEN.items():
+        rewritten = terminalreporter.config.stash.get(key, [])
+        if rewritten:
+            terminalreporter.write_line(
+                f"jaxtyping_shard: rewrote the baseline of {what} "
+                + ", ".join(sorted(set(rewritten))),
+                yellow=True,
+            )
 
 
 def _devices(count: int):
@@ -228,6 +220,22 @@ def mesh_2x2x2():
     return make_mesh((2, 2, 2), ("x", "y", "z"), "explicit")
 
 
+def _held_to_baseline(request, what: str):
+    """`check(report, baseline, **options)`: `report.check(baseline, ...)`, or
+    under `pytest --update-<what>` the baseline rewritten for the running JAX
+    release (the other bounds still hold) and named in the summary."""
+    update = bool(request.config.getoption(f"update_{what}"))
+
+    def check(report, baseline, **options):
+        report.check(baseline, update=update, **options)
+        if update:
+            request.config.stash.setdefault(_REWRITTEN[what], []).append(
+                str(baseline)
+            )
+
+    return check
+
+
 @pytest.fixture
 def check_collectives(request):
     """Holds a step to its budget of collectives: `check_collectives(report,
@@ -236,14 +244,7 @@ def check_collectives(request):
     rewrites the baseline file for the running JAX release (the other bounds
     still hold) and names it in the summary.
     """
-    update = bool(request.config.getoption("update_collectives"))
-
-    def check(report, baseline, **bounds):
-        report.check(baseline, update=update, **bounds)
-        if update:
-            request.config.stash.setdefault(_REWRITTEN, []).append(str(baseline))
-
-    return check
+    return _held_to_baseline(request, "collectives")
 
 
 @pytest.fixture
@@ -255,13 +256,4 @@ def check_layouts(request):
     summary. (Its own option: rewriting the collectives' budget rewrites no
     golden file of layouts, and the other way round.)
     """
-    update = bool(request.config.getoption("update_layouts"))
-
-    def check(report, baseline, **options):
-        report.check(baseline, update=update, **options)
-        if update:
-            request.config.stash.setdefault(_REWRITTEN_LAYOUTS, []).append(
-                str(baseline)
-            )
-
-    return check
+    return _held_to_baseline(request, "layouts")

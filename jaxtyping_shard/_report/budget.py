@@ -13,7 +13,6 @@ not in the file, so it is the same on Explicit and Auto meshes and on any
 number of processes when the program is the same.
 """
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
@@ -22,7 +21,12 @@ import jax
 
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import CollectiveBudgetError
-from . import call_sites as _sites, hlo as _hlo, no_comm as _no_comm
+from . import (
+    baseline_file as _file,
+    call_sites as _sites,
+    hlo as _hlo,
+    no_comm as _no_comm,
+)
 from .table import branches, loops, NO_SOURCE
 from .text import format_bytes
 
@@ -32,6 +36,8 @@ FORMAT = "jaxtyping_shard collectives baseline 2"
 # Still read: its sections are marked `"keyed": "line"` and judged so.
 _FORMAT_1 = "jaxtyping_shard collectives baseline 1"
 _BY_LINE = "line"
+_FORMATS = (FORMAT, _FORMAT_1)
+_WHAT, _BY = "collectives", "Collectives.save"
 _UPDATE = (
     "If the change is meant, rewrite the baseline: `pytest --update-collectives` "
     "(the `check_collectives` fixture), or `report.save({path!r})`."
@@ -186,6 +192,7 @@ def _entry_key(entry: dict) -> tuple:
 def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
     """Writes this JAX release's section of the baseline at `path`, keeping the
     sections of other releases."""
+    # Read by `load`, so that a format 1 file's other sections keep their mark.
     sections = load(path)["jax"] if os.path.exists(path) else {}
     found = list(entries(report).values())
     # What a call moves at most: of a conditional's branches, the largest.
@@ -198,40 +205,11 @@ def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
         "bytes": size,
         "collectives": found,
     }
-    lines = [
-        "{",
-        f' "format": "{FORMAT}",',
-        f' "function": {json.dumps(report.function)},',
-    ]
-    lines.append(' "jax": {')
-    versions = sorted(sections, key=_compat._version)
-    for i, version in enumerate(versions):
-        section = dict(sections[version])
-        listed = section.pop("collectives")
-        head = json.dumps(section)[:-1] + ', "collectives": ['
-        lines.append(f"  {json.dumps(version)}: {head}")
-        lines += [
-            "   " + json.dumps(e) + ("," if j < len(listed) - 1 else "")
-            for j, e in enumerate(listed)
-        ]
-        lines.append("  ]}" + ("," if i < len(versions) - 1 else ""))
-    lines += [" }", "}"]
-    with open(path, "w", encoding="utf-8") as file:
-        file.write("\n".join(lines) + "\n")
+    _file.write(path, FORMAT, report.function, sections, "collectives")
 
 
 def load(path: Union[str, "os.PathLike[str]"]) -> dict:
-    with open(path, encoding="utf-8") as file:
-        data = json.load(file)
-    if (
-        not isinstance(data, dict)
-        or data.get("format") not in (FORMAT, _FORMAT_1)
-        or not isinstance(data.get("jax"), dict)
-    ):
-        raise ValueError(
-            f"{os.fspath(path)} is not a baseline of collectives ({FORMAT!r}, "
-            "written by `Collectives.save`)"
-        )
+    data = _file.read(path, _FORMATS, _WHAT, _BY)
     if data["format"] == _FORMAT_1:
         for section in data["jax"].values():
             if isinstance(section, dict):

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .sources import Frame, Resolver, Source
+from .sources import Frame, located, Resolver, Source
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,7 @@ class CallSite:
 
     def __str__(self) -> str:
         """`model.py:40 in `ffn`: h = dense(x, w1) (via `dense` at model.py:8)`."""
-        at = f"{self.file}:{self.line}"
-        if self.function:
-            at += f" in `{self.function}`"
-        if self.annotated is not None and self.annotated != self.function:
-            at += f" within `{self.annotated}`"
-        said = f"{at}: {self.text}" if self.text else at
+        said = located(self)
         if self.helpers:
             inner = ", ".join(
                 f"`{f.function}` at {os.path.basename(f.file)}:{f.line}"

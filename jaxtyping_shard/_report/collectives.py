@@ -29,6 +29,7 @@ from . import (
 )
 from .rows import Branch, Collective, Loop, Part, Total  # noqa: F401
 from .sources import Resolver, Sources
+from .text import function_name as _function_name
 
 
 class Collectives:
@@ -284,9 +285,9 @@ def collectives(
             )
         )
     rows = _sites.assign(rows, resolver, sources.stacks())
-    rows = _rollup.paths(rows, _name(fn), resolver)
+    rows = _rollup.paths(rows, _function_name(fn), resolver)
     rows.sort(key=_order)
-    return Collectives(rows, _name(fn), mesh)
+    return Collectives(rows, _function_name(fn), mesh)
 
 
 def _annotated(part: Part) -> tuple[str, ...]:
@@ -329,14 +330,6 @@ def _compile(fn: Callable, args: tuple, kwargs: dict) -> Any:
             jitted = jax.jit(fn)
         lower = jitted.lower
     return lower(*args, **kwargs).compile()
-
-
-def _name(fn: Any) -> str:
-    for owner in (fn, getattr(fn, "__wrapped__", None)):
-        name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
-        if isinstance(name, str):
-            return name
-    return type(fn).__name__
 
 
 def _moved(kind: str, size: int, n: int) -> int:

@@ -12,7 +12,6 @@ JAX release (each traces and propagates its own way), as in
 `collectives.json`.
 """
 
-import json
 import os
 from collections import Counter
 from typing import Any, Union
@@ -21,9 +20,11 @@ import jax
 
 from .._core import compat as _compat, mesh as _mesh
 from .._core.errors import LayoutChangeError
+from . import baseline_file as _file
 
 
 FORMAT = "jaxtyping_shard layouts baseline 1"
+_WHAT, _BY = "layouts", "Layouts.save"
 _UPDATE = (
     "If the change is meant, rewrite the baseline: `pytest --update-layouts` "
     "(the `check_layouts` fixture), or `report.save({path!r})`."
@@ -61,41 +62,11 @@ def save(report: Any, path: Union[str, "os.PathLike[str]"]) -> None:
         "intermediates": len(report.rows),
         "layouts": list(entries(report).values()),
     }
-    lines = [
-        "{",
-        f' "format": "{FORMAT}",',
-        f' "function": {json.dumps(report.function)},',
-        ' "jax": {',
-    ]
-    versions = sorted(sections, key=_compat._version)
-    for i, version in enumerate(versions):
-        section = dict(sections[version])
-        listed = section.pop("layouts")
-        head = json.dumps(section)[:-1] + ', "layouts": ['
-        lines.append(f"  {json.dumps(version)}: {head}")
-        lines += [
-            "   " + json.dumps(e) + ("," if j < len(listed) - 1 else "")
-            for j, e in enumerate(listed)
-        ]
-        lines.append("  ]}" + ("," if i < len(versions) - 1 else ""))
-    lines += [" }", "}"]
-    with open(path, "w", encoding="utf-8") as file:
-        file.write("\n".join(lines) + "\n")
+    _file.write(path, FORMAT, report.function, sections, "layouts")
 
 
 def load(path: Union[str, "os.PathLike[str]"]) -> dict:
-    with open(path, encoding="utf-8") as file:
-        data = json.load(file)
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != FORMAT
-        or not isinstance(data.get("jax"), dict)
-    ):
-        raise ValueError(
-            f"{os.fspath(path)} is not a baseline of layouts ({FORMAT!r}, written "
-            "by `Layouts.save`)"
-        )
-    return data
+    return _file.read(path, (FORMAT,), _WHAT, _BY)
 
 
 def _at(report: Any, key: tuple) -> str:

@@ -29,6 +29,7 @@ from . import (
     propagated as _propagated,
 )
 from .sources import Frame, Resolver, Sources
+from .text import function_name as _function_name
 
 
 TYPES, XLA = "types", "xla"  # where a report's layouts come from
@@ -163,15 +164,15 @@ def layouts(fn: Any, *args: Any, axis_rules: Any = None, **kwargs: Any) -> Layou
     resolver = Resolver()
     if mesh is not None and all(t == AxisType.Explicit for t in mesh.axis_types):
         found = list(_from_types(jaxpr, (), resolver))
-        return Layouts(_sited(found, resolver, ()), _name(fn), mesh, TYPES)
+        return Layouts(_sited(found, resolver, ()), _function_name(fn), mesh, TYPES)
     compiled, text, proto = _propagated.compile_dumped(traced.lower())
     if text is None:
         raise RuntimeError(
             f"layouts: XLA wrote no module after sharding propagation for "
-            f"`{_name(fn)}`, so its layouts cannot be read: the compile came from "
-            "JAX's persistent compilation cache (which leaves XLA's dump options "
-            "out of its key; JAX 0.12 cannot be told to skip it once it is in "
-            "use), or this XLA names the pass otherwise than "
+            f"`{_function_name(fn)}`, so its layouts cannot be read: the compile "
+            "came from JAX's persistent compilation cache (which leaves XLA's dump "
+            "options out of its key; JAX 0.12 cannot be told to skip it once it "
+            "is in use), or this XLA names the pass otherwise than "
             f"{' / '.join(_propagated._PASSES)}. Run it in a process without the "
             "persistent cache (`jax_enable_compilation_cache=False` before the "
             "first compile)."
@@ -190,7 +191,7 @@ def layouts(fn: Any, *args: Any, axis_rules: Any = None, **kwargs: Any) -> Layou
             layout, read = _spec.format_array(dtype, raw.dims, raw.entries), True
         found.append((raw.op, shape, layout, source, read))
     stacks = Sources(proto).stacks() if proto is not None else []
-    return Layouts(_sited(found, resolver, stacks), _name(fn), concrete, XLA)
+    return Layouts(_sited(found, resolver, stacks), _function_name(fn), concrete, XLA)
 
 
 def _trace(fn: Any, args: tuple, kwargs: dict) -> Any:
@@ -290,9 +291,3 @@ def _at(row: Layout) -> tuple:
     return (row.site.file, row.site.line) if row.site is not None else ("", 0)
 
 
-def _name(fn: Any) -> str:
-    for owner in (fn, getattr(fn, "__wrapped__", None)):
-        name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
-        if isinstance(name, str):
-            return name
-    return type(fn).__name__

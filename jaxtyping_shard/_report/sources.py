@@ -246,12 +246,18 @@ class Source:
 
     def __str__(self) -> str:
         """`model.py:74 in `einsum` within `mix`: y = jnp.einsum(...)`."""
-        where = f"{self.file}:{self.line}"
-        if self.function:
-            where += f" in `{self.function}`"
-        if self.annotated is not None and self.annotated != self.function:
-            where += f" within `{self.annotated}`"
-        return f"{where}: {self.text}" if self.text else where
+        return located(self)
+
+
+def located(at: Any) -> str:
+    """A line as reports name it, from its `file`, `line`, `function`,
+    `annotated` and `text`: `model.py:74 in `einsum` within `mix`: y = ...`."""
+    where = f"{at.file}:{at.line}"
+    if at.function:
+        where += f" in `{at.function}`"
+    if at.annotated is not None and at.annotated != at.function:
+        where += f" within `{at.annotated}`"
+    return f"{where}: {at.text}" if at.text else where
 
 
 class Resolver:

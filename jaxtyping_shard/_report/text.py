@@ -1,6 +1,7 @@
-"""How reports print what they count: sizes as people read them."""
+"""How reports print what they count and whom: sizes as people read them, and
+the reported function's name."""
 
-from typing import Optional
+from typing import Any, Optional
 
 
 def format_bytes(n: Optional[int]) -> str:
@@ -15,3 +16,13 @@ def format_bytes(n: Optional[int]) -> str:
         if size < 1024 or unit == "GiB":
             break
     return f"{size:.1f} {unit}"
+
+
+def function_name(fn: Any) -> str:
+    """The name a report gives its function: its own qualified name, else that
+    of what it wraps (`functools.wraps`, `jax.jit`), else its type's."""
+    for owner in (fn, getattr(fn, "__wrapped__", None)):
+        name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return type(fn).__name__
