@@ -1,6 +1,10 @@
 """Test helpers: checked functions built for each supported checker form."""
 
 import contextlib
+import importlib.util
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -121,3 +125,34 @@ MESHES = {
     "auto": lambda: make_mesh((4, 2), ("data", "model"), "auto"),
     "mixed": mixed_mesh,
 }
+
+
+def run_child_pytest(tmp_path, source, *args, name="test_step.py", ini="", env=None):
+    """Runs pytest on `source` (one test file, dedented) in `tmp_path`, in a
+    child process with a `pytest.ini` of its own (`ini`: more lines of it), and
+    returns the finished process (its stdout holds the report)."""
+    (tmp_path / name).write_text(textwrap.dedent(source))
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n" if ini else "[pytest]\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def one_line_mutant(example, old, new, path, module_name):
+    """The file `example` with `old` (found once in it) replaced by `new` on the
+    same line (`old=""`: unchanged), written at `path` and imported as
+    `module_name`: a planted bug whose line keeps its number."""
+    before = example.read_text()
+    if old:
+        assert before.count(old) == 1, old
+    after = before.replace(old, new) if old else before
+    changed = [a for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(changed) == (1 if old else 0)
+    assert len(before.splitlines()) == len(after.splitlines())
+    path.write_text(after)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module

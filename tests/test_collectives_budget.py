@@ -7,9 +7,6 @@ selections, and the pytest fixture with `--update-collectives`.
 import importlib.util
 import json
 import re
-import subprocess
-import sys
-import textwrap
 
 import jax
 import pytest
@@ -17,7 +14,7 @@ import pytest
 import jaxtyping_shard as jts
 from jaxtyping_shard._core import compat
 
-from .helpers import MESHES, P, place
+from .helpers import MESHES, P, place, run_child_pytest
 
 
 FRAMES = compat.hlo_stack_frames_usable()  # JAX >= 0.9: functions are known
@@ -248,15 +245,8 @@ def test_budget(check_collectives):
 
 
 def run_pytest(tmp_path, extra, *args):
-    (tmp_path / "test_step.py").write_text(
-        textwrap.dedent(FIXTURE_TEST.format(extra=extra))
-    )
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--jax-cpu-devices",
-         "8", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    source = FIXTURE_TEST.format(extra=extra)
+    return run_child_pytest(tmp_path, source, "--jax-cpu-devices", "8", *args)
 
 
 def test_fixture_and_update_option(tmp_path):

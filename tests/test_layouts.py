@@ -9,9 +9,6 @@ a step with nothing to hold, or layouts not read, says so.
 import importlib.util
 import json
 import re
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +18,7 @@ from jax.sharding import NamedSharding
 import jaxtyping_shard as jts
 from jaxtyping_shard._core import compat
 
-from .helpers import MESHES, P
+from .helpers import MESHES, P, run_child_pytest
 
 
 FRAMES = compat.hlo_stack_frames_usable()  # JAX >= 0.9: functions are known
@@ -245,15 +242,8 @@ def test_layouts(check_layouts):
 
 
 def run_pytest(tmp_path, spec, *args):
-    (tmp_path / "test_step.py").write_text(
-        textwrap.dedent(FIXTURE_TEST.format(spec=spec))
-    )
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--jax-cpu-devices",
-         "8", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    source = FIXTURE_TEST.format(spec=spec)
+    return run_child_pytest(tmp_path, source, "--jax-cpu-devices", "8", *args)
 
 
 def test_fixture_and_update_option(tmp_path):

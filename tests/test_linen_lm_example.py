@@ -13,8 +13,6 @@ grows the step's collectives over `examples/linen_lm_collectives.json`, at the
 mutated line.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +27,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxtyping_shard as jts  # noqa: E402
 from jaxtyping_shard._core import compat  # noqa: E402
+
+from .helpers import one_line_mutant  # noqa: E402
 
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "linen_lm.py"
@@ -100,23 +100,10 @@ COLLECTIVE_BUGS = {
 
 
 def mutant(name: str, bug: Bug, root: Path):
-    before = EXAMPLE.read_text()
-    if bug.old:
-        assert before.count(bug.old) == 1, bug.old
-    after = before.replace(bug.old, bug.new) if bug.old else before
-    changed = [a for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
-    assert len(changed) == (1 if bug.old else 0)
-    assert len(before.splitlines()) == len(after.splitlines())
     folder = root / name
     folder.mkdir()
     path = folder / "linen_lm.py"  # the baseline's file name
-    path.write_text(after)
-    module_name = f"linen_lm_{name}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+    return one_line_mutant(EXAMPLE, bug.old, bug.new, path, f"linen_lm_{name}")
 
 
 def line_of(text: str) -> int:

@@ -73,8 +73,10 @@ def explicit(mesh):
     return mesh.axis_types[0] == AxisType.Explicit
 
 
-@pytest.fixture(params=["explicit", "auto"])
-def mesh(request):
+@pytest.fixture(name="mesh", params=["explicit", "auto"])
+def mesh_with_rules(request):
+    """The 4x2 mesh, both kinds, set with the rules in force (also the reports'
+    tests' fixture, imported there)."""
     mesh = make_mesh((4, 2), ("data", "model"), request.param)
     with jts.axis_rules(RULES), nnx.logical_axis_rules(jts.flax_rules()):
         with jax.set_mesh(mesh):

@@ -8,7 +8,6 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import jaxtyping_shard as jts
-from jaxtyping_shard.pytest_plugin import make_mesh
 
 from .test_nnx_jit import (
     AFTER,
@@ -16,6 +15,7 @@ from .test_nnx_jit import (
     explicit,
     loss_and_update,
     make_state,
+    mesh_with_rules,  # noqa: F401  (the `mesh` fixture)
     MODEL,
     nnx,
     OPT,
@@ -24,14 +24,6 @@ from .test_nnx_jit import (
     RULES,
     train_step,
 )
-
-
-@pytest.fixture(params=["explicit", "auto"])
-def mesh(request):
-    mesh = make_mesh((4, 2), ("data", "model"), request.param)
-    with jts.axis_rules(RULES), nnx.logical_axis_rules(jts.flax_rules()):
-        with jax.set_mesh(mesh):
-            yield mesh
 
 
 def test_preflight_counts_and_checks_the_updated_state(mesh):

@@ -7,8 +7,6 @@ the line is no mis-sharding, the copy trains with no false alarm. The unmutated
 example trains on both kinds.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,6 +17,8 @@ pytest.importorskip("flax.nnx")
 pytest.importorskip("optax")
 
 import jaxtyping_shard as jts  # noqa: E402
+
+from .helpers import one_line_mutant  # noqa: E402
 
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "nnx_transformer.py"
@@ -83,20 +83,8 @@ BUGS = {
 
 
 def mutant(name: str, bug: Bug, root: Path):
-    before = EXAMPLE.read_text()
-    if bug.old:
-        assert before.count(bug.old) == 1, bug.old
-    after = before.replace(bug.old, bug.new) if bug.old else before
-    changed = [a for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
-    assert len(changed) == (1 if bug.old else 0)
-    assert len(before.splitlines()) == len(after.splitlines())
     path = root / f"nnx_bug_{name}.py"
-    path.write_text(after)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
+    return one_line_mutant(EXAMPLE, bug.old, bug.new, path, path.stem)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -2,33 +2,22 @@
 
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import jax
 import pytest
 
+from .helpers import run_child_pytest
+
 
 def _run_pytest(tmp_path, test_body, *args, env_extra=None, ini=""):
-    (tmp_path / "test_probe.py").write_text(textwrap.dedent(test_body))
-    if ini:
-        (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
-    else:
-        (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
     }
     env.update(env_extra or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return run_child_pytest(
+        tmp_path, test_body, *args, name="test_probe.py", ini=ini, env=env
     )
 
 

@@ -25,13 +25,10 @@ from .quantised_model import QuantArray, Weights
 LEAVES = 52  # 3 layers x (7 weights x 2 + 2 norms) + embedding, final norm, lm_head
 
 
-@pytest.fixture(params=["explicit", "auto"])
-def mesh(request):
-    return jax.make_mesh(
-        (4, 2),
-        ("data", "model"),
-        axis_types=(getattr(jax.sharding.AxisType, request.param.title()),) * 2,
-    )
+@pytest.fixture
+def mesh(mesh_4x2):
+    """The plugin's 4x2 mesh, Explicit then Auto."""
+    return mesh_4x2
 
 
 def _put(mesh, x, *spec):

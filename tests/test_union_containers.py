@@ -88,13 +88,10 @@ def _layer(mesh) -> Layer:
     )
 
 
-@pytest.fixture(params=["explicit", "auto"])
-def mesh(request):
-    return jax.make_mesh(
-        (4, 2),
-        ("data", "model"),
-        axis_types=(getattr(jax.sharding.AxisType, request.param.title()),) * 2,
-    )
+@pytest.fixture
+def mesh(mesh_4x2):
+    """The plugin's 4x2 mesh, Explicit then Auto."""
+    return mesh_4x2
 
 
 def test_containers_walked_as_their_class(mesh):
