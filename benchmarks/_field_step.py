@@ -29,7 +29,15 @@ from typing import Any
 import _field_model as model  # beside this file
 import jax
 from _scaling import exponent
-from _timing import default_mode, figure, interleaved, one_shots, Settings, timed
+from _timing import (
+    default_mode,
+    figure,
+    interleaved,
+    judge_fixed_cost,
+    one_shots,
+    Settings,
+    timed,
+)
 
 import jaxtyping_shard as jts
 from jaxtyping_shard._core.modes import mode_reader
@@ -98,6 +106,8 @@ def batch_sizes(kind: str, layers: int, smoke: bool) -> list[int]:
 def calls_per_call(fn: Any, args: tuple, n: int = 50) -> float:
     """Python calls (C functions called from Python included) a steady-state
     call makes, `block_until_ready` of its result included: deterministic."""
+    for _ in range(3):  # warm in the mode in force: its traces and caches
+        jax.block_until_ready(fn(*args))
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(n):
@@ -110,6 +120,22 @@ def guard_us(fn: Any, args: tuple) -> float:
     """What `jts.jit(in_shardings="annotations")`'s speculative call runs in
     Python before JAX's C++ dispatch (`Speculation.fits`, and entering and
     leaving `jax.no_tracing(True)`), µs a call: the best of five timeit runs."""
+    n = 2000
+    return min(timeit.repeat(_guard(fn, args), number=n, repeat=5)) / n * 1e6
+
+
+def guard_calls(fn: Any, args: tuple, n: int = 50) -> float:
+    """The Python calls that guard makes (cProfile): deterministic."""
+    guard = _guard(fn, args)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(n):
+        guard()
+    profile.disable()
+    return pstats.Stats(profile).total_calls / n  # type: ignore[attr-defined]
+
+
+def _guard(fn: Any, args: tuple) -> Any:
     last = fn._last[mode_reader.value]
 
     def guard() -> None:
@@ -117,8 +143,7 @@ def guard_us(fn: Any, args: tuple) -> float:
         with jax.no_tracing(True):
             last.entry.tree()
 
-    n = 2000
-    return min(timeit.repeat(guard, number=n, repeat=5)) / n * 1e6
+    return guard
 
 
 def program(fn: Any, args: tuple) -> list[str]:
@@ -198,6 +223,7 @@ def steady(kind: str, layers: int, size: int, settings: Settings, repeats: int) 
             jts.set_mode(previous)
         calls = {name: calls_per_call(fn, args) for name, fn in jits.items()}
         guard = guard_us(jits["annotations"], args)
+        calls_in_guard = guard_calls(jits["annotations"], args)
         same = dict.fromkeys(("checked", "off", "annotations"), "not compared")
         if not settings.smoke:  # two more compiles: the full run only
             plain_program = program(jits["plain"], args)
@@ -219,6 +245,7 @@ def steady(kind: str, layers: int, size: int, settings: Settings, repeats: int) 
         times=times,
         calls=calls,
         guard_us=guard,
+        guard_calls=calls_in_guard,
         same_program=same,
         fast_path=fast_path,
         live=live,
@@ -237,34 +264,62 @@ LABELS = {
 }
 
 
+# What a Python call beyond the guard's is counted at (a bound, not a reading:
+# a call of a Python function takes about 0.05-0.1 µs here).
+CALL_US = 1.0
+
+
+def host_cost_us(
+    extra_calls: float,
+    fast_path: bool,
+    guard: float | None = None,
+    calls_in_guard: float = 0.0,
+) -> float | None:
+    """What a call adds on the host beyond plain's: nothing for a `jax.jit`
+    object making no Python call more (the same C++ dispatch); for the
+    speculation's call, its guard's measured time plus `CALL_US` for each extra
+    call the guard does not make (the wrapper's own frames); else unknown
+    (None)."""
+    if extra_calls == 0 and fast_path:
+        return 0.0
+    if guard is not None:
+        return guard + max(0.0, extra_calls - calls_in_guard) * CALL_US
+    return None
+
+
 def _rows(name: str, run: dict, target: float | None) -> list[dict]:
     times, calls = run["times"], run["calls"]
     floor_us = per_call_us(times["again"], times["plain"])
+    step_s = statistics.median(times["plain"])
     rows = []
     for key, label in LABELS.items():
         extra_calls = (
             calls["annotations" if key == "annotations" else "checked"] - calls["plain"]
         )
-        rows.append(
-            figure(
-                f"{name}, {key}",
-                f"steady state, {label} / plain jax.jit of the same annotated step",
-                times[key],
-                times["plain"],
-                target,
-                "report" if target is None else f"≤ {target}",
-                live=run["live"],
-                per_call_us=round(per_call_us(times[key], times["plain"]), 1),
-                floor_us=round(floor_us, 1),
-                python_calls_over_plain=extra_calls,
-                same_program_as_plain=run["same_program"][key],
-                **(
-                    {"guard_us": round(run["guard_us"], 2)}
-                    if key == "annotations"
-                    else {"jax_jit_object": run["fast_path"]}
-                ),
-            )
+        host = (
+            host_cost_us(extra_calls, False, run["guard_us"], run["guard_calls"])
+            if key == "annotations"
+            else host_cost_us(extra_calls, run["fast_path"])
         )
+        row = figure(
+            f"{name}, {key}",
+            f"steady state, {label} / plain jax.jit of the same annotated step",
+            times[key],
+            times["plain"],
+            target,
+            "report" if target is None else f"≤ {target}",
+            live=run["live"],
+            per_call_us=round(per_call_us(times[key], times["plain"]), 1),
+            floor_us=round(floor_us, 1),
+            python_calls_over_plain=extra_calls,
+            same_program_as_plain=run["same_program"][key],
+            **(
+                {"guard_us": round(run["guard_us"], 2)}
+                if key == "annotations"
+                else {"jax_jit_object": run["fast_path"]}
+            ),
+        )
+        rows.append(judge_fixed_cost(row, host, step_s, run["same_program"][key]))
     rows.append(
         figure(
             f"{name}, noise floor",
@@ -388,6 +443,20 @@ def note(fig: dict) -> str:
         text += f" (exponent {fig['guard_exponent']})"
     if "same_program_as_plain" in fig:
         text += f"; compiled program against plain's: {fig['same_program_as_plain']}"
+    return text + fixed_cost_note(fig)
+
+
+def fixed_cost_note(fig: dict) -> str:
+    """The timed ratio's standard error and the host-side cost beside it."""
+    text = ""
+    if "ratio_se" in fig:
+        text += f"; timed ratio {fig['ratio']:.3f} ± {fig['ratio_se']:.3f} (s.e.)"
+    if "host_cost_us" in fig:
+        cost = fig["host_cost_us"]
+        shown = "unknown" if cost is None else f"{cost:.2f} µs"
+        text += f"; host-side cost a call over plain: {shown}"
+        if cost is not None:
+            text += f" ({fig['host_cost_share']:.3%} of the step)"
     return text
 
 

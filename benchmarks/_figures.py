@@ -304,7 +304,10 @@ def notes(figures: list[dict]) -> str:
             lines.append(_field_step.note(fig))
         elif "python_calls_over_plain" in fig:
             extra = fig["python_calls_over_plain"]
-            lines.append(f"{fig['name']}: Python calls a call over plain: {extra}")
+            lines.append(
+                f"{fig['name']}: Python calls a call over plain: {extra}"
+                + _field_step.fixed_cost_note(fig)
+            )
         if "plain_instancecheck_median_s" in fig:
             lines.append(
                 f"{fig['name']}: plain jaxtyping check "

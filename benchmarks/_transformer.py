@@ -12,11 +12,28 @@ cleared) of the checked step against plain `jax.jit` in mode "off".
 
 import inspect
 import pathlib
+import statistics
 import sys
 from typing import Any
 
 import jax
-from _timing import default_mode, figure, interleaved, one_shots, Settings, timed
+from _field_step import (
+    calls_per_call,
+    compare,
+    guard_calls,
+    guard_us,
+    host_cost_us,
+    program,
+)
+from _timing import (
+    default_mode,
+    figure,
+    interleaved,
+    judge_fixed_cost,
+    one_shots,
+    Settings,
+    timed,
+)
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxtyping_shard as jts
@@ -102,6 +119,29 @@ def _for_mesh(kind: str, settings: Settings) -> list[dict]:
         finally:
             jts.set_mode(previous)
         live = _wrong(mesh, args)
+        # What a call does beyond plain's, in each mode: Python calls, the
+        # speculation's guard, and the compiled program (full run only).
+        work = {}
+        plain_program = None if settings.smoke else program(plain, args)
+        for key, mode in (("checked", "check"), ("off", "off")):
+            default_mode(mode)
+            try:
+                extra = calls_per_call(step, args) - calls_per_call(plain, args)
+                host = host_cost_us(
+                    extra,
+                    type(step) is type(plain),
+                    guard_us(step, args),
+                    guard_calls(step, args),
+                )
+                same = (
+                    "not compared"
+                    if plain_program is None
+                    else compare(plain_program, program(step, args))
+                )
+            finally:
+                jts.set_mode(previous)
+            work[key] = dict(host=host, same=same, extra=extra)
+        step_s = statistics.median(times["plain"])
 
         def first(checked_step: bool) -> float:
             if checked_step:
@@ -134,26 +174,27 @@ def _for_mesh(kind: str, settings: Settings) -> list[dict]:
                 live=live,
             )
         )
+    steady = []
+    for key, text in (
+        ("checked", "jts.jit, checks on / plain jax.jit, shardings by hand"),
+        ("off", "jts.jit in mode off / plain jax.jit"),
+    ):
+        row = figure(
+            name + (", off" if key == "off" else ""),
+            f"steady-state {what}: {text}",
+            times[key],
+            times["plain"],
+            1.01,
+            "≤ 1.01",
+            live=live,
+            python_calls_over_plain=work[key]["extra"],
+            same_program_as_plain=work[key]["same"],
+        )
+        steady.append(
+            judge_fixed_cost(row, work[key]["host"], step_s, work[key]["same"])
+        )
     return [
-        figure(
-            name,
-            f"steady-state {what}: jts.jit, checks on / plain jax.jit, shardings "
-            "by hand",
-            times["checked"],
-            times["plain"],
-            1.01,
-            "≤ 1.01",
-            live=live,
-        ),
-        figure(
-            name + ", off",
-            f"steady-state {what}: jts.jit in mode off / plain jax.jit",
-            times["off"],
-            times["plain"],
-            1.01,
-            "≤ 1.01",
-            live=live,
-        ),
+        *steady,
         figure(
             name + ", noise floor",
             f"steady-state {what}: a second plain jax.jit of it / plain jax.jit "
