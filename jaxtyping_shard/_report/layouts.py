@@ -289,5 +289,3 @@ def _sited(found: list, resolver: Resolver, stacks: Iterable) -> list[Layout]:
 
 def _at(row: Layout) -> tuple:
     return (row.site.file, row.site.line) if row.site is not None else ("", 0)
-
-

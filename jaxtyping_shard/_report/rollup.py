@@ -10,9 +10,11 @@ further in is one segment:
 - a module's call (`Cls.__call__`): the attribute it was called through, read
   from the caller's line: `self.attn(x)` -> `attn`; a stacked or scanned
   layer `blocks[*]`: `self.blocks[i](x)`, a `lax.scan` / `vmap` / `nnx.scan` /
-  `fori_loop` over `self.blocks` on that line, or a `for block in
-  self.blocks:` loop around a `block(x)`; a Linen module named at its call
-  (`Decoder(c, name=f"layers_{i}")(x)`: `layers_*`); else its class name;
+  `fori_loop` over `self.blocks` on that line (its body a lambda there, or a
+  named function, under `jax.checkpoint` or not, which is then no segment of
+  its own), or a `for block in self.blocks:` loop around a `block(x)`; a
+  Linen module named at its call (`Decoder(c, name=f"layers_{i}")(x)`:
+  `layers_*`); else its class name;
 - another method called as `self.attn.forward(x)`: `attn.forward`;
 - any other function: its name (the last part of its qualified name);
   lambdas are transparent.
