@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import _call_cost  # beside this file
 import _collectives  # beside this file, as _timing
 import _eager  # beside this file
 import _field_step  # beside this file
@@ -306,7 +307,7 @@ def notes(figures: list[dict]) -> str:
             extra = fig["python_calls_over_plain"]
             lines.append(
                 f"{fig['name']}: Python calls a call over plain: {extra}"
-                + _field_step.fixed_cost_note(fig)
+                + _call_cost.fixed_cost_note(fig)
             )
         if "plain_instancecheck_median_s" in fig:
             lines.append(

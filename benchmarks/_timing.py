@@ -112,7 +112,7 @@ def ratio_error(candidate: list[float], baseline: list[float]) -> float | None:
     return 1.2533 * statistics.stdev(ratios) / math.sqrt(len(ratios))
 
 
-# The programs a step figure takes for plain's (`_field_step.compare`): the same
+# The programs a step figure takes for plain's (`_call_cost.compare`): the same
 # text, or the same instructions in an order XLA's scheduler chose otherwise.
 PLAIN_PROGRAMS = ("identical", "same instructions, other order")
 

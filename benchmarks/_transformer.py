@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import jax
-from _field_step import (
+from _call_cost import (  # beside this file
     calls_per_call,
     compare,
     guard_calls,
